@@ -1,0 +1,38 @@
+"""Where did my GPU memory go? Per-cell memory diffs, a live panel and holder finders for PyTorch.
+
+In IPython or Jupyter: ``%load_ext gpumem``. In scripts: :class:`gpumem.Monitor`.
+Everything heavy (widgets, IPython, torch) is imported only when used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from .monitor import Monitor
+
+__all__ = ["Monitor", "__version__", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpumem``: register the magics and hooks."""
+    from ._extension import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext gpumem``: remove every hook, thread and widget the extension made."""
+    from ._extension import unload
+
+    unload(ipython)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Monitor":
+        from .monitor import Monitor
+
+        return Monitor
+    raise AttributeError(f"module 'gpumem' has no attribute {name!r}")

@@ -1,0 +1,93 @@
+"""The measurement core as one object: a source, its timeline and the sampler that feeds it.
+
+Scripts use it directly; the IPython extension and the panel share one default instance so that
+however many panels are open, one thread samples.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+from .sampler import DEFAULT_RATE_HZ, Sampler
+from .sources import MemorySource, Snapshot, SystemSource
+from .timeline import DEFAULT_LEVELS, Level, Timeline
+
+__all__ = ["Monitor", "default_monitor", "set_default_monitor"]
+
+
+class Monitor:
+    """Samples ``source`` in the background into a bounded timeline.
+
+    >>> with Monitor() as monitor:   # doctest: +SKIP
+    ...     train()
+    >>> monitor.timeline.window()    # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        source: MemorySource | None = None,
+        rate_hz: float = DEFAULT_RATE_HZ,
+        levels: Sequence[Level] = DEFAULT_LEVELS,
+    ) -> None:
+        self.source: MemorySource = source if source is not None else SystemSource()
+        self.timeline = Timeline(levels)
+        self.sampler = Sampler(self.source, self.timeline, rate_hz)
+
+    def start(self) -> Monitor:
+        self.sampler.start()
+        return self
+
+    def stop(self) -> None:
+        self.sampler.stop()
+
+    @property
+    def running(self) -> bool:
+        return self.sampler.running
+
+    def snapshot(self, *, process_memory: bool = False) -> Snapshot:
+        """Read everything now, on the calling thread."""
+        return self.source.snapshot(process_memory=process_memory)
+
+    def mark(self, label: str, time_s: float | None = None) -> None:
+        """Label an instant on the timeline (the panel draws these as vertical markers)."""
+        self.timeline.add_mark(time.monotonic() if time_s is None else time_s, label)
+
+    def status(self) -> dict[str, str]:
+        return self.source.status()
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+_default_lock = threading.Lock()
+_default: Monitor | None = None
+
+
+def default_monitor() -> Monitor:
+    """The process-wide monitor the extension and panels share (created, not started, on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Monitor()
+        return _default
+
+
+def set_default_monitor(monitor: Monitor | None) -> Monitor | None:
+    """Replace the shared monitor (tests use a fake source); returns the previous one, stopped."""
+    global _default
+    with _default_lock:
+        previous, _default = _default, monitor
+    if previous is not None and previous is not monitor:
+        previous.stop()
+    return previous

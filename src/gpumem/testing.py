@@ -1,0 +1,164 @@
+"""A deterministic memory source for tests and demos: a caching allocator simulated in Python.
+
+It behaves like PyTorch's allocator from the outside (allocated, reserved that only shrinks on
+``empty_cache``, peaks that ``reset_peaks`` resets) so the logic above it can be driven exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+
+from .sources import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
+
+__all__ = ["FakeSource"]
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class _FakeDevice:
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.allocated = 0
+        self.reserved = 0
+        self.peak_allocated = 0
+        self.peak_reserved = 0
+        self.num_ooms = 0
+        self.blocks: dict[int, int] = {}
+
+
+class FakeSource:
+    """Simulated CUDA devices and host; every figure is set by the test that drives it."""
+
+    def __init__(
+        self,
+        devices: int = 1,
+        total_bytes: int = 80 * GIB,
+        context_bytes: int = 500 * MIB,
+        other_processes_bytes: int = 0,
+        host_rss_bytes: int = 1 * GIB,
+        host_total_bytes: int = 64 * GIB,
+        cuda_initialized: bool = True,
+        nvml: bool = True,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._devices = [_FakeDevice(total_bytes) for _ in range(devices)]
+        self._ids = itertools.count(1)
+        self.context_bytes = context_bytes
+        self.other_processes_bytes = other_processes_bytes
+        self.host_rss_bytes = host_rss_bytes
+        self.host_peak_rss_bytes = host_rss_bytes
+        self.host_total_bytes = host_total_bytes
+        self.cuda_initialized = cuda_initialized
+        self.nvml = nvml
+        self.snapshots_taken = 0
+
+    # Driving the simulation -------------------------------------------------------------------
+    def allocate(self, nbytes: int, device: int = 0) -> int:
+        """Allocate like the caching allocator (2 MiB granularity for the cache); returns a handle."""
+        with self._lock:
+            dev = self._devices[device]
+            if dev.allocated + nbytes > dev.total_bytes - self.context_bytes - self.other_processes_bytes:
+                dev.num_ooms += 1
+                raise MemoryError(f"fake CUDA out of memory on device {device}")
+            handle = next(self._ids)
+            dev.blocks[handle] = nbytes
+            dev.allocated += nbytes
+            dev.peak_allocated = max(dev.peak_allocated, dev.allocated)
+            if dev.allocated > dev.reserved:
+                dev.reserved = -(-dev.allocated // (2 * MIB)) * (2 * MIB)
+            dev.peak_reserved = max(dev.peak_reserved, dev.reserved)
+            self.cuda_initialized = True
+            return handle
+
+    def free(self, handle: int, device: int = 0) -> None:
+        with self._lock:
+            dev = self._devices[device]
+            dev.allocated -= dev.blocks.pop(handle)
+
+    def transient(self, nbytes: int, device: int = 0) -> None:
+        """Allocate and free at once: visible only in the peak counters, never to a sampler."""
+        self.free(self.allocate(nbytes, device), device)
+
+    def set_host_rss(self, rss_bytes: int) -> None:
+        with self._lock:
+            self.host_rss_bytes = rss_bytes
+            self.host_peak_rss_bytes = max(self.host_peak_rss_bytes, rss_bytes)
+
+    # MemorySource -----------------------------------------------------------------------------
+    def cuda_devices(self) -> tuple[int, ...]:
+        return tuple(range(len(self._devices))) if self.cuda_initialized else ()
+
+    def snapshot(self, *, process_memory: bool = False) -> Snapshot:
+        with self._lock:
+            self.snapshots_taken += 1
+            allocator: list[AllocatorReading] = []
+            devices: list[DeviceReading] = []
+            for index, dev in enumerate(self._devices):
+                own = (dev.reserved + self.context_bytes) if self.cuda_initialized else 0
+                if self.cuda_initialized:
+                    allocator.append(
+                        AllocatorReading(
+                            device=index,
+                            allocated_bytes=dev.allocated,
+                            reserved_bytes=dev.reserved,
+                            active_bytes=dev.allocated,
+                            inactive_split_bytes=0,
+                            peak_allocated_bytes=dev.peak_allocated,
+                            peak_reserved_bytes=dev.peak_reserved,
+                            num_ooms=dev.num_ooms,
+                            num_alloc_retries=0,
+                        )
+                    )
+                if self.nvml:
+                    used = own + self.other_processes_bytes
+                    devices.append(
+                        DeviceReading(
+                            device=index,
+                            total_bytes=dev.total_bytes,
+                            used_bytes=used,
+                            free_bytes=dev.total_bytes - used,
+                            process_used_bytes=own if process_memory else None,
+                        )
+                    )
+            host = HostReading(
+                rss_bytes=self.host_rss_bytes,
+                peak_rss_bytes=self.host_peak_rss_bytes,
+                available_bytes=self.host_total_bytes - self.host_rss_bytes,
+                total_bytes=self.host_total_bytes,
+            )
+            return Snapshot(time.monotonic(), time.time(), tuple(allocator), tuple(devices), host)
+
+    def device_info(self, device: int) -> DeviceInfo | None:
+        if not 0 <= device < len(self._devices):
+            return None
+        return DeviceInfo(
+            device=device,
+            nvml_index=device,
+            name="Fake GPU",
+            uuid=f"GPU-00000000-0000-0000-0000-{device:012d}",
+            pci_bus_id=f"00000000:{device + 1:02X}:00.0",
+            total_bytes=self._devices[device].total_bytes,
+        )
+
+    def reset_peaks(self, devices: Sequence[int]) -> None:
+        with self._lock:
+            for index in devices:
+                dev = self._devices[index]
+                dev.peak_allocated = dev.allocated
+                dev.peak_reserved = dev.reserved
+
+    def empty_cache(self) -> None:
+        with self._lock:
+            for dev in self._devices:
+                dev.reserved = -(-dev.allocated // (2 * MIB)) * (2 * MIB)
+
+    def status(self) -> dict[str, str]:
+        return {
+            "torch": "ok" if self.cuda_initialized else "unavailable: CUDA is not initialized (fake)",
+            "nvml": "ok" if self.nvml else "unavailable: fake source without NVML",
+            "host": "ok",
+        }
