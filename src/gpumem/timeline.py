@@ -183,9 +183,7 @@ class Timeline:
             slot = (ring.head - 1) % ring.capacity
             return ring.times[slot], {name: column[slot] for name, column in ring.columns.items()}
 
-    def window(
-        self, start_s: float = -math.inf, end_s: float = math.inf, max_points: int = 2_000
-    ) -> Series:
+    def window(self, start_s: float = -math.inf, end_s: float = math.inf, max_points: int = 2_000) -> Series:
         """Samples in ``[start_s, end_s]`` at the finest resolution kept, at most ``max_points`` per line."""
         with self._lock:
             times, values = self._stitch(start_s, end_s)
@@ -242,7 +240,9 @@ class Timeline:
     def clear(self) -> None:
         with self._lock:
             channels = list(self._channels)
-            self._rings = [_Ring(level.capacity, ring.width) for level, ring in zip(self._levels, self._rings, strict=True)]
+            self._rings = [
+                _Ring(level.capacity, ring.width) for level, ring in zip(self._levels, self._rings, strict=True)
+            ]
             for ring in self._rings:
                 for name in channels:
                     ring.add_channel(name)
@@ -251,9 +251,7 @@ class Timeline:
             self._last_time = -math.inf
 
 
-def decimate_min_max(
-    times: Sequence[float], values: Mapping[str, Sequence[float]], max_points: int
-) -> Series:
+def decimate_min_max(times: Sequence[float], values: Mapping[str, Sequence[float]], max_points: int) -> Series:
     """Reduce to at most ``max_points`` per line by keeping each bucket's minimum and maximum.
 
     Each bucket of consecutive samples becomes two points (its extremes, in the order they
