@@ -220,8 +220,10 @@ class Timeline:
         values: dict[str, list[float]] = {name: [] for name in ring.columns}
         for slot in ring.slots():
             t = ring.times[slot]
-            if t < start_s or t > end_s or (exclusive_upper and t >= end_s):
+            if t < start_s or t > end_s:
                 continue
+            if exclusive_upper and t + span > end_s:
+                continue  # a finer level holds (part of) this bucket
             if ring.width == 1:
                 times.append(t)
                 for name, column in ring.columns.items():
