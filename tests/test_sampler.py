@@ -1,3 +1,4 @@
+import itertools
 import os
 import threading
 import time
@@ -53,7 +54,7 @@ def test_schedule_is_fixed_not_drifting():
     sampler.stop()
     samples = sampler.cost().samples
     times = sampler.timeline.window().times
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert 10 <= samples <= 25
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.05, rel=0.3)
 
@@ -71,7 +72,7 @@ def test_slow_reads_skip_ticks_instead_of_bunching():
     cost = sampler.cost()
     assert cost.skipped_ticks > 0
     times = sampler.timeline.window().times
-    assert min(b - a for a, b in zip(times, times[1:], strict=False)) >= 0.025
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.025
 
 
 def test_a_failing_source_does_not_kill_the_thread():

@@ -1,0 +1,139 @@
+"""Sampler cost on a CUDA GPU, side by side in one run.
+
+1. One allocator read per device: gpumem's fast path vs ``torch.cuda.memory_allocated`` vs NVML.
+2. A launch-bound training loop (8 x Linear(1024), AdamW, batch 256, 600 steps) with no sampler, with
+   gpumem's sampler at its default rate, and with a naive thread calling ``memory_allocated`` at 100 Hz.
+   Variants are interleaved over several rounds and the median is reported.
+
+    python benchmarks/bench_sampler.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from gpumem.monitor import Monitor
+from gpumem.sampler import DEFAULT_RATE_HZ
+from gpumem.sources import NvmlSource, SystemSource, TorchAllocatorSource
+
+
+def per_call_us(call, repeat: int = 20_000) -> float:
+    for _ in range(1_000):
+        call()
+    best = []
+    for _ in range(5):
+        began = time.perf_counter()
+        for _ in range(repeat):
+            call()
+        best.append((time.perf_counter() - began) / repeat * 1e6)
+    return statistics.median(best)
+
+
+def read_costs() -> dict[str, float]:
+    torch_source = TorchAllocatorSource()
+    nvml = NvmlSource()
+    system = SystemSource()
+    return {
+        "gpumem allocator read (fast path)": per_call_us(lambda: torch_source.read(0)),
+        "torch.cuda.memory_allocated(0)": per_call_us(lambda: torch.cuda.memory_allocated(0)),
+        "torch.cuda.memory_stats(0)": per_call_us(lambda: torch.cuda.memory_stats(0), repeat=5_000),
+        "gpumem NVML read": per_call_us(lambda: nvml.read(0)),
+        "gpumem full snapshot (allocator + NVML + host)": per_call_us(system.snapshot, repeat=5_000),
+    }
+
+
+class NaiveThread:
+    def __init__(self, rate_hz: float) -> None:
+        self.period = 1.0 / rate_hz
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.period):
+            torch.cuda.memory_allocated()
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join()
+
+
+class NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def training_loop_s(steps: int = 600) -> float:
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    data = torch.randn(256, 1024, device="cuda")
+    for _ in range(20):
+        optimizer.zero_grad(set_to_none=True)
+        model(data).square().mean().backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        model(data).square().mean().backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.zeros(1, device="cuda")
+    costs = read_costs()
+    variants = {
+        "no sampler": NullContext,
+        f"gpumem sampler ({DEFAULT_RATE_HZ:g} Hz)": lambda: Monitor(rate_hz=DEFAULT_RATE_HZ),
+        "naive memory_allocated thread (100 Hz)": lambda: NaiveThread(100.0),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    training_loop_s(100)
+    for _ in range(args.rounds):
+        for name, make in variants.items():
+            with make():
+                times[name].append(training_loop_s())
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    baseline = medians["no sampler"]
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "read_cost_us": costs,
+        "training_loop_s": times,
+        "median_s": medians,
+        "ratio_to_no_sampler": {name: value / baseline for name, value in medians.items()},
+    }
+    (args.out / "bench_sampler.json").write_text(json.dumps(result, indent=2))
+    lines = [f"### Sampler cost ({result['gpu']}, torch {result['torch']}, {result['date']})", ""]
+    lines += ["| read | us per call |", "| --- | --- |"]
+    lines += [f"| {name} | {value:.1f} |" for name, value in costs.items()]
+    lines += ["", f"Training loop, 600 steps, median of {args.rounds} interleaved rounds:", ""]
+    lines += ["| variant | median s | ratio |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {medians[name]:.3f} | {medians[name] / baseline:.4f}x |" for name in variants]
+    (args.out / "bench_sampler.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
