@@ -13,7 +13,7 @@ from ._version import __version__
 if TYPE_CHECKING:
     from .monitor import Monitor
 
-__all__ = ["Monitor", "__version__", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["Monitor", "__version__", "free", "holders", "load_ipython_extension", "unload_ipython_extension"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -35,4 +35,12 @@ def __getattr__(name: str) -> Any:
         from .monitor import Monitor
 
         return Monitor
+    if name == "holders":
+        import importlib
+
+        return importlib.import_module(".holders", __name__)  # callable: gpumem.holders(device="cuda")
+    if name == "free":
+        from .cleanup import free
+
+        return free
     raise AttributeError(f"module 'gpumem' has no attribute {name!r}")
