@@ -975,8 +975,8 @@ def holders(device: str | int | None = "cuda", **options: Any) -> HolderReport:
 
 
 def _type_name(value: Any) -> str:
-    cls = type(value)
-    return cls.__qualname__ if isinstance(cls.__qualname__, str) else cls.__name__
+    name = type(value).__name__
+    return name if isinstance(name, str) else "?"
 
 
 def _ipython_shell() -> Any:
