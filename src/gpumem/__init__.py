@@ -30,6 +30,17 @@ def unload_ipython_extension(ipython: Any) -> None:
     unload(ipython)
 
 
+def history() -> Any:
+    """The cells measured in this session (``%%gpumem`` and automatic mode) as a pandas DataFrame."""
+    from ._extension import get_state
+    from .report import history_dataframe
+
+    state = get_state()
+    if state is None:
+        raise RuntimeError("gpumem has no cell history here: load it first with %load_ext gpumem")
+    return history_dataframe(state.tracker.history)
+
+
 def __getattr__(name: str) -> Any:
     if name == "Monitor":
         from .monitor import Monitor
