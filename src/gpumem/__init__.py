@@ -13,7 +13,7 @@ from ._version import __version__
 if TYPE_CHECKING:
     from .monitor import Monitor
 
-__all__ = ["Monitor", "__version__", "free", "holders", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["Monitor", "__version__", "free", "history", "holders", "load_ipython_extension", "unload_ipython_extension"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
