@@ -1,0 +1,51 @@
+"""Suite-wide pytest configuration. The fixtures live in ``tests/_harness.py`` (see its docstring)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Tests run against src/ even when the package is not pip-installed (the GPU job uses PYTHONPATH).
+_SRC = str(Path(__file__).resolve().parent.parent / "src")
+if _SRC not in sys.path:
+    sys.path.insert(0, _SRC)
+
+from _harness import (  # noqa: E402
+    artifacts_dir,
+    browser,
+    browser_page,
+    check_gpu_item,
+    ip,
+    jupyter_env,
+    jupyter_server,
+    notebook_server,
+)
+
+__all__ = [
+    "artifacts_dir",
+    "browser",
+    "browser_page",
+    "ip",
+    "jupyter_env",
+    "jupyter_server",
+    "notebook_server",
+]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # `gpu` tests skip (or fail under GPUMEM_REQUIRE_GPU=1) when CUDA is unusable; the probe runs
+    # once, in a child process, and only if a gpu test is about to run.
+    check_gpu_item(item)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    # Make each phase's report reachable from fixtures (browser_page saves a screenshot on failure).
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
