@@ -1,0 +1,52 @@
+/**
+ * The wire protocol between the gpumem kernel side (gpumem._frontend) and
+ * this front-end extension. Keep in sync with src/gpumem/_frontend.py.
+ */
+
+/** Output mime type asking the front end to dock a panel in the sidebar. */
+export const SIDEBAR_MIME = 'application/vnd.gpumem.sidebar+json';
+
+/** ipywidgets' view mime type. */
+export const WIDGET_VIEW_MIME = 'application/vnd.jupyter.widget-view+json';
+
+/** Comm target carrying the status-bar figures (both directions may open it). */
+export const STATUS_TARGET = 'gpumem.status';
+
+/** Data of a SIDEBAR_MIME output. */
+export interface ISidebarData {
+  /** ipywidgets model id of the panel to dock. */
+  model_id: string;
+}
+
+/** One CUDA device as seen by the kernel's PyTorch allocator. */
+export interface IDeviceStatus {
+  index: number;
+  name?: string;
+  allocated_bytes: number;
+  reserved_bytes?: number;
+  total_bytes?: number | null;
+}
+
+/** A status payload sent by the kernel about once a second. */
+export interface IStatusPayload {
+  devices: IDeviceStatus[];
+  host?: { rss_bytes?: number | null };
+  cuda_in_use: boolean;
+}
+
+/** Kernel -> front end messages on the status comm. */
+export type KernelMessageData =
+  | IStatusPayload
+  | { sidebar_model_id: string }
+  | { sidebar_error: string };
+
+/** Front end -> kernel requests on the status comm. */
+export type FrontendRequest = { request: 'snapshot' } | { request: 'sidebar' };
+
+export function isStatusPayload(data: unknown): data is IStatusPayload {
+  return (
+    typeof data === 'object' &&
+    data !== null &&
+    Array.isArray((data as IStatusPayload).devices)
+  );
+}

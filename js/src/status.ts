@@ -1,0 +1,359 @@
+import { ISessionContext } from '@jupyterlab/apputils';
+import { IChangedArgs } from '@jupyterlab/coreutils';
+import { Kernel, KernelMessage } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+import { Widget } from '@lumino/widgets';
+
+import { statusText, statusTooltip } from './format';
+import { IHost } from './hosts';
+import {
+  FrontendRequest,
+  IStatusPayload,
+  isStatusPayload,
+  SIDEBAR_MIME,
+  STATUS_TARGET
+} from './protocol';
+
+/** How many received sidebar outputs to remember per kernel. */
+const MAX_SEEN_OUTPUTS = 32;
+
+/** What the kernel said in answer to a sidebar request. */
+export interface ISidebarAnswer {
+  modelId?: string;
+  error?: string;
+}
+
+/**
+ * The status comm of one notebook or console.
+ *
+ * The comm is opened from either side:
+ * - the kernel opens it when gpumem is loaded (this front end registers the
+ *   target on every kernel connection);
+ * - the front end opens it when it connects to a kernel and after each
+ *   execution, but only once the kernel lists an open `gpumem.status` comm
+ *   (comm_info_request) or the executed code mentions gpumem. Opening a comm
+ *   to a target the kernel does not know would log an error in the kernel.
+ */
+export class StatusConnection {
+  constructor(readonly host: IHost) {
+    const ctx = host.sessionContext;
+    ctx.kernelChanged.connect(this._onKernelChanged, this);
+    ctx.statusChanged.connect(this._onStatusChanged, this);
+    ctx.iopubMessage.connect(this._onIOPub, this);
+    this._setKernel(ctx.session?.kernel ?? null);
+  }
+
+  /** Emitted when the payload or the connection state changes. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Emitted when the kernel answers a sidebar request. */
+  get sidebarAnswered(): ISignal<this, ISidebarAnswer> {
+    return this._sidebarAnswered;
+  }
+
+  /** The latest status payload, null while not connected. */
+  get payload(): IStatusPayload | null {
+    return this._comm ? this._payload : null;
+  }
+
+  get isConnected(): boolean {
+    return this._comm !== null && !this._comm.isDisposed;
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  text(): string | null {
+    const payload = this.payload;
+    return payload ? statusText(payload) : null;
+  }
+
+  tooltip(): string {
+    const payload = this.payload;
+    return payload ? statusTooltip(payload, this.host.name()) : '';
+  }
+
+  /**
+   * Whether a `%gpumem sidebar` output with `modelId` just arrived from this
+   * kernel (as opposed to one restored from the saved notebook). Answers true
+   * once per output.
+   */
+  takeFreshOutput(modelId: string): boolean {
+    return this._freshOutputs.delete(modelId);
+  }
+
+  /** Whether an output with `modelId` arrived and was not taken yet. */
+  hasFreshOutput(modelId: string): boolean {
+    return this._freshOutputs.has(modelId);
+  }
+
+  /** Ask the kernel for a panel to dock; false when there is no comm. */
+  requestSidebar(): boolean {
+    return this._send({ request: 'sidebar' });
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    const ctx = this.host.sessionContext;
+    ctx.kernelChanged.disconnect(this._onKernelChanged, this);
+    ctx.statusChanged.disconnect(this._onStatusChanged, this);
+    ctx.iopubMessage.disconnect(this._onIOPub, this);
+    this._setKernel(null);
+    Signal.clearData(this);
+  }
+
+  private _send(data: FrontendRequest): boolean {
+    const comm = this._comm;
+    if (!comm || comm.isDisposed) {
+      return false;
+    }
+    try {
+      comm.send(data as any);
+      return true;
+    } catch (reason) {
+      console.warn('gpumem: status comm send failed', reason);
+      this._drop(comm);
+      return false;
+    }
+  }
+
+  private _setKernel(kernel: Kernel.IKernelConnection | null): void {
+    if (kernel === this._kernel) {
+      return;
+    }
+    if (this._kernel && !this._kernel.isDisposed) {
+      this._kernel.removeCommTarget(STATUS_TARGET, this._onKernelComm);
+      this._kernel.anyMessage.disconnect(this._onAnyMessage, this);
+    }
+    this._closeComm();
+    this._freshOutputs.clear();
+    this._kernel = kernel;
+    if (kernel) {
+      kernel.registerCommTarget(STATUS_TARGET, this._onKernelComm);
+      kernel.anyMessage.connect(this._onAnyMessage, this);
+      // At connect: the kernel may already run gpumem (page reload, second tab).
+      void this._probe(false);
+    }
+  }
+
+  private _onKernelChanged(
+    _: ISessionContext,
+    args: IChangedArgs<
+      Kernel.IKernelConnection | null,
+      Kernel.IKernelConnection | null,
+      'kernel'
+    >
+  ): void {
+    this._setKernel(args.newValue);
+  }
+
+  private _onStatusChanged(_: ISessionContext, status: Kernel.Status): void {
+    if (
+      status === 'restarting' ||
+      status === 'autorestarting' ||
+      status === 'dead' ||
+      status === 'terminating'
+    ) {
+      // A restarted kernel starts without gpumem: forget the dead comm.
+      this._closeComm(false);
+    }
+  }
+
+  /**
+   * Emitted synchronously when a message arrives, before any output is
+   * rendered: outputs seen here come from a live execution.
+   */
+  private _onAnyMessage(
+    _: Kernel.IKernelConnection,
+    args: Kernel.IAnyMessageArgs
+  ): void {
+    const msg = args.msg;
+    if (args.direction !== 'recv' || msg.channel !== 'iopub') {
+      return;
+    }
+    const type = msg.header.msg_type;
+    if (
+      type !== 'display_data' &&
+      type !== 'execute_result' &&
+      type !== 'update_display_data'
+    ) {
+      return;
+    }
+    const data = (msg.content as { data?: Record<string, unknown> }).data;
+    const payload = data?.[SIDEBAR_MIME] as { model_id?: unknown } | undefined;
+    if (payload && typeof payload.model_id === 'string') {
+      this._freshOutputs.add(payload.model_id);
+      if (this._freshOutputs.size > MAX_SEEN_OUTPUTS) {
+        const oldest = this._freshOutputs.values().next().value;
+        if (oldest !== undefined) {
+          this._freshOutputs.delete(oldest);
+        }
+      }
+    }
+  }
+
+  private _onIOPub(_: ISessionContext, msg: KernelMessage.IMessage): void {
+    if (this.isConnected) {
+      return;
+    }
+    if (msg.header.msg_type === 'execute_input') {
+      const code = (msg as KernelMessage.IExecuteInputMsg).content.code ?? '';
+      if (code.includes('gpumem')) {
+        this._mentioned = true;
+      }
+    } else if (msg.header.msg_type === 'status') {
+      const state = (msg as KernelMessage.IStatusMsg).content.execution_state;
+      const parentType = (msg.parent_header as any)?.msg_type;
+      if (state === 'idle' && parentType === 'execute_request') {
+        const direct = this._mentioned;
+        this._mentioned = false;
+        void this._probe(direct);
+      }
+    }
+  }
+
+  /**
+   * Try to open the comm. With `direct` false, only when the kernel already
+   * has a comm of our target open (it then certainly knows the target).
+   */
+  private async _probe(direct: boolean): Promise<void> {
+    const kernel = this._kernel;
+    if (!kernel || this._probing || this.isConnected || this._disposed) {
+      return;
+    }
+    this._probing = true;
+    try {
+      if (!direct) {
+        if (kernel.status === 'unknown' || kernel.status === 'starting') {
+          await this.host.sessionContext.ready;
+        }
+        if (kernel !== this._kernel || kernel.isDisposed) {
+          return;
+        }
+        const reply = await kernel.requestCommInfo({
+          target_name: STATUS_TARGET
+        });
+        const content = reply.content;
+        if (content.status !== 'ok' || !Object.keys(content.comms).length) {
+          return;
+        }
+      }
+      if (kernel !== this._kernel || kernel.isDisposed || this.isConnected) {
+        return;
+      }
+      const comm = kernel.createComm(STATUS_TARGET);
+      this._adopt(comm);
+      comm.open({ request: 'snapshot' });
+    } catch (reason) {
+      // The kernel may be restarting or not speak the comm protocol.
+      console.debug('gpumem: status comm not opened', reason);
+    } finally {
+      this._probing = false;
+    }
+  }
+
+  private _onKernelComm = (
+    comm: Kernel.IComm,
+    msg: KernelMessage.ICommOpenMsg
+  ): void => {
+    if (this.isConnected || this._disposed) {
+      // One comm is enough; the kernel drops the closed one.
+      comm.close();
+      return;
+    }
+    this._adopt(comm);
+    this._onData(msg.content.data);
+    // Confirms to the kernel that a front end listens on this comm.
+    this._send({ request: 'snapshot' });
+  };
+
+  private _adopt(comm: Kernel.IComm): void {
+    this._comm = comm;
+    comm.onMsg = msg => this._onData(msg.content.data);
+    comm.onClose = () => this._drop(comm);
+  }
+
+  private _onData(data: unknown): void {
+    if (isStatusPayload(data)) {
+      this._payload = data;
+      this._changed.emit();
+      return;
+    }
+    if (typeof data === 'object' && data !== null) {
+      const d = data as { sidebar_model_id?: unknown; sidebar_error?: unknown };
+      if (typeof d.sidebar_model_id === 'string') {
+        this._sidebarAnswered.emit({ modelId: d.sidebar_model_id });
+      } else if (typeof d.sidebar_error === 'string') {
+        this._sidebarAnswered.emit({ error: d.sidebar_error });
+      }
+    }
+  }
+
+  private _drop(comm: Kernel.IComm): void {
+    if (this._comm !== comm) {
+      return;
+    }
+    this._comm = null;
+    this._payload = null;
+    this._changed.emit();
+  }
+
+  /** Forget the comm; close it on the kernel side too when `notify`. */
+  private _closeComm(notify = true): void {
+    const comm = this._comm;
+    if (!comm) {
+      return;
+    }
+    this._comm = null;
+    this._payload = null;
+    if (notify && !comm.isDisposed) {
+      try {
+        comm.close();
+      } catch {
+        // the kernel is gone
+      }
+    } else if (!comm.isDisposed) {
+      comm.dispose();
+    }
+    this._changed.emit();
+  }
+
+  private _kernel: Kernel.IKernelConnection | null = null;
+  private _comm: Kernel.IComm | null = null;
+  private _payload: IStatusPayload | null = null;
+  private _freshOutputs = new Set<string>();
+  private _probing = false;
+  private _mentioned = false;
+  private _disposed = false;
+  private _changed = new Signal<this, void>(this);
+  private _sidebarAnswered = new Signal<this, ISidebarAnswer>(this);
+}
+
+/** The status-bar item: the active document's kernel figures. */
+export class StatusItem extends Widget {
+  constructor(onClick: () => void) {
+    super({ node: document.createElement('div') });
+    this.addClass('gpumem-StatusItem');
+    this.addClass('jp-StatusBar-TextItem');
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
+    this.node.addEventListener('click', onClick);
+    this.node.addEventListener('keydown', event => {
+      if (event.key === 'Enter' || event.key === ' ') {
+        onClick();
+      }
+    });
+  }
+
+  display(connection: StatusConnection | null): void {
+    const text = connection?.text() ?? null;
+    this.node.textContent = text ?? '';
+    this.node.title = connection && text ? connection.tooltip() : '';
+  }
+}

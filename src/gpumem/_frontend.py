@@ -1,0 +1,457 @@
+"""Kernel side of the gpumem front-end extension (``js/``): the right sidebar and the status-bar item.
+
+Nothing heavy is imported here at module import: ipywidgets, IPython and psutil are imported when
+used, torch is only looked up in ``sys.modules`` and CUDA is never initialized.
+
+Protocol (the TypeScript side is ``js/src/protocol.ts``)
+--------------------------------------------------------
+Sidebar: :func:`show_sidebar` displays ONE output whose bundle holds
+
+* ``application/vnd.gpumem.sidebar+json``: ``{"model_id": <panel model id>}``. The extension renders
+  this type in preference to the widget view: a one-line note in the cell, and the panel itself is
+  rendered in the right sidebar through the notebook's own ipywidgets manager.
+* ``application/vnd.jupyter.widget-view+json``: a small ``VBox`` holding a one-line explanation and
+  the panel. Front ends without the extension (VS Code, Colab, classic Notebook, JupyterLab without
+  gpumem's labextension) render this, so the panel is shown inline *and* says why.
+* ``text/plain``: the same explanation, for front ends that render no widgets at all.
+
+Status bar: comm target ``gpumem.status`` (:data:`STATUS_TARGET`), opened by either side.
+
+* kernel -> front end: a status payload (:func:`default_status_payload` gives the shape)::
+
+      {"devices": [{"index": 0, "name": "NVIDIA H200", "allocated_bytes": 1, "reserved_bytes": 2,
+                    "total_bytes": 3}],
+       "host": {"rss_bytes": 4}, "cuda_in_use": true}
+
+  about once a second while a comm is open, and ``{"sidebar_model_id": "<id>"}`` or
+  ``{"sidebar_error": "<message>"}`` in answer to a sidebar request.
+* front end -> kernel: ``{"request": "snapshot"}`` (answered at once with one payload) and
+  ``{"request": "sidebar"}`` (answered by creating a panel with the factory registered through
+  :func:`set_sidebar_factory`).
+
+:func:`register_status_target` (at extension load) registers the target and announces itself by
+opening one comm towards the front end; the front end also opens comms itself when it connects to
+a kernel that already has ``gpumem.status`` comms, or after running code that mentions gpumem. A comm
+opened by the kernel is only published to once the front end has sent a message on it, so front ends
+without the extension cost nothing.
+
+Payloads go out from :func:`publish_status` (thread-safe; callable from any thread). While no one else
+publishes, a light daemon thread here publishes :func:`default_status_payload` (or the provider set by
+:func:`set_status_provider`) once a second, and only while a confirmed comm is open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "INLINE_NOTE",
+    "SIDEBAR_MIME",
+    "STATUS_TARGET",
+    "WIDGET_VIEW_MIME",
+    "default_status_payload",
+    "open_status_comms",
+    "publish_status",
+    "register_status_target",
+    "set_sidebar_factory",
+    "set_status_provider",
+    "show_sidebar",
+    "sidebar_bundle",
+    "unregister_status_target",
+]
+
+SIDEBAR_MIME = "application/vnd.gpumem.sidebar+json"
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+STATUS_TARGET = "gpumem.status"
+
+INLINE_NOTE = (
+    "The GPU memory panel is shown inline because the gpumem front-end extension is not present here "
+    "(it docks the panel in the right sidebar of JupyterLab 4 and Notebook 7 when gpumem is installed "
+    "in the Jupyter server's environment; VS Code, Colab and the classic Notebook do not load it)."
+)
+
+PUBLISH_INTERVAL_S = 1.0
+# The publisher thread stays quiet while someone else called publish_status this recently.
+_EXTERNAL_QUIET_S = 2.5
+
+StatusPayload = dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# Sidebar output
+# --------------------------------------------------------------------------------------------
+
+# Panel model id -> the inline wrapper last displayed for it (closed when replaced).
+_inline_wrappers: dict[str, Any] = {}
+
+
+def sidebar_bundle(panel_model_id: str, inline_model_id: str | None = None) -> dict[str, Any]:
+    """The mime bundle of a ``%gpumem sidebar`` output (``inline_model_id`` defaults to the panel's)."""
+    return {
+        SIDEBAR_MIME: {"model_id": panel_model_id},
+        WIDGET_VIEW_MIME: {
+            "model_id": inline_model_id or panel_model_id,
+            "version_major": 2,
+            "version_minor": 0,
+        },
+        "text/plain": INLINE_NOTE,
+    }
+
+
+def _inline_wrapper(panel_widget: Any, note: str) -> Any:
+    """A VBox with a one-line explanation above the panel, for front ends without the extension."""
+    import ipywidgets
+
+    label = ipywidgets.HTML(
+        value=f'<span style="font-size: var(--jp-ui-font-size0, 11px); opacity: 0.75">{html.escape(note)}</span>'
+    )
+    return ipywidgets.VBox([label, panel_widget])
+
+
+def show_sidebar(panel_widget: Any, *, note: str | None = None) -> None:
+    """Display ``panel_widget`` (an ipywidgets ``DOMWidget``) for the right sidebar.
+
+    With the gpumem front-end extension the output is a one-line note in the cell and the panel is
+    docked in the sidebar. Without it the panel is shown inline below ``note`` (default
+    :data:`INLINE_NOTE`), which says why.
+    """
+    from IPython.display import display
+
+    model_id = getattr(panel_widget, "model_id", None)
+    if not isinstance(model_id, str) or not model_id:
+        raise TypeError(f"show_sidebar() needs a live ipywidgets widget, got {type(panel_widget).__name__}")
+    wrapper = _inline_wrapper(panel_widget, note or INLINE_NOTE)
+    previous = _inline_wrappers.pop(model_id, None)
+    if previous is not None:
+        # Keeps one inline copy of the panel; the panel itself stays open.
+        previous.children = ()
+        previous.close()
+    _inline_wrappers[model_id] = wrapper
+    display(sidebar_bundle(model_id, wrapper.model_id), raw=True)  # type: ignore[no-untyped-call]
+
+
+# --------------------------------------------------------------------------------------------
+# Status comm
+# --------------------------------------------------------------------------------------------
+
+
+class _StatusComm:
+    """One open ``gpumem.status`` comm. ``confirmed`` once the front end has spoken on it."""
+
+    __slots__ = ("comm", "confirmed")
+
+    def __init__(self, comm: Any, confirmed: bool) -> None:
+        self.comm = comm
+        self.confirmed = confirmed
+
+
+_lock = threading.RLock()
+_comms: dict[int, _StatusComm] = {}
+_registered_manager: Any = None
+_provider: Callable[[], StatusPayload] | None = None
+_sidebar_factory: Callable[[], Any] | None = None
+_last_external_publish = 0.0
+_publisher: threading.Thread | None = None
+_publisher_stop = threading.Event()
+
+
+def set_sidebar_factory(factory: Callable[[], Any] | None) -> None:
+    """Register the callable that makes a panel widget when the front end asks for one.
+
+    Called (in the kernel's comm-handling thread) when the user clicks the status-bar item or runs
+    "GPU memory: show sidebar" and no live panel of this kernel is docked. It must return an
+    ipywidgets widget; its model id is sent back and the front end docks it.
+    """
+    global _sidebar_factory
+    _sidebar_factory = factory
+
+
+def set_status_provider(provider: Callable[[], StatusPayload] | None) -> None:
+    """Replace :func:`default_status_payload` as the source of the once-a-second payload."""
+    global _provider
+    _provider = provider
+
+
+def _comm_manager(shell: Any) -> Any:
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return None
+    manager = getattr(kernel, "comm_manager", None)
+    if manager is None:
+        try:
+            import comm
+
+            manager = comm.get_comm_manager()
+        except Exception:
+            return None
+    if not hasattr(manager, "register_target"):
+        return None
+    return manager
+
+
+def register_status_target(shell: Any = None) -> bool:
+    """Register the ``gpumem.status`` comm target with the kernel of ``shell`` (default: the running one).
+
+    Returns False, doing nothing, where there is no kernel (terminal IPython, plain Python). Also
+    opens one comm towards the front end so that the status bar appears without waiting.
+    """
+    global _registered_manager
+    if shell is None:
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+        except ImportError:
+            return False
+    manager = _comm_manager(shell)
+    if manager is None:
+        return False
+    with _lock:
+        if _registered_manager is not None and _registered_manager is not manager:
+            _unregister_locked()
+        manager.register_target(STATUS_TARGET, _on_comm_open)
+        _registered_manager = manager
+        _publisher_stop.clear()
+    _announce()
+    return True
+
+
+def unregister_status_target() -> None:
+    """Close every status comm (the front end hides its item), unregister the target, stop the thread."""
+    with _lock:
+        comms = _unregister_locked()
+    for entry in comms:
+        with contextlib.suppress(Exception):
+            entry.comm.close()
+    thread = _publisher
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=2 * PUBLISH_INTERVAL_S)
+
+
+def _unregister_locked() -> list[_StatusComm]:
+    global _registered_manager
+    manager = _registered_manager
+    _registered_manager = None
+    _publisher_stop.set()
+    if manager is not None:
+        with contextlib.suppress(Exception):
+            manager.unregister_target(STATUS_TARGET, _on_comm_open)
+    comms = list(_comms.values())
+    _comms.clear()
+    return comms
+
+
+def _announce() -> None:
+    """Open a comm from the kernel; a front end with the extension accepts it and confirms."""
+    try:
+        from comm import create_comm
+
+        comm = create_comm(target_name=STATUS_TARGET, data=_build_payload())
+    except Exception:
+        return
+    _track(comm, confirmed=False)
+
+
+def _on_comm_open(comm: Any, msg: dict[str, Any]) -> None:
+    """Comm target handler: a front end opened a status comm; answer with a snapshot at once."""
+    entry = _track(comm, confirmed=True)
+    if entry is not None:
+        _send(entry, _build_payload())
+        data = (msg.get("content") or {}).get("data") or {}
+        if isinstance(data, dict) and data.get("request") == "sidebar":
+            _answer_sidebar(entry)
+
+
+def _track(comm: Any, *, confirmed: bool) -> _StatusComm | None:
+    entry = _StatusComm(comm, confirmed)
+    with _lock:
+        accepted = _registered_manager is not None
+        if accepted:
+            _comms[id(comm)] = entry
+    if not accepted:
+        with contextlib.suppress(Exception):
+            comm.close()
+        return None
+
+    def on_msg(msg: dict[str, Any]) -> None:
+        _on_comm_msg(entry, msg)
+
+    def on_close(msg: dict[str, Any]) -> None:
+        _drop(entry)
+
+    comm.on_msg(on_msg)
+    comm.on_close(on_close)
+    if confirmed:
+        _ensure_publisher()
+    return entry
+
+
+def _drop(entry: _StatusComm) -> None:
+    with _lock:
+        if _comms.get(id(entry.comm)) is entry:
+            del _comms[id(entry.comm)]
+
+
+def _on_comm_msg(entry: _StatusComm, msg: dict[str, Any]) -> None:
+    data = (msg.get("content") or {}).get("data") or {}
+    request = data.get("request") if isinstance(data, dict) else None
+    if not entry.confirmed:
+        entry.confirmed = True
+        _ensure_publisher()
+    if request == "snapshot":
+        _send(entry, _build_payload())
+    elif request == "sidebar":
+        _answer_sidebar(entry)
+
+
+def _answer_sidebar(entry: _StatusComm) -> None:
+    factory = _sidebar_factory
+    if factory is None:
+        _send(
+            entry,
+            {
+                "sidebar_error": "This kernel has no GPU memory panel to show; "
+                "run %gpumem sidebar in the notebook to create one."
+            },
+        )
+        return
+    try:
+        widget = factory()
+        model_id = widget.model_id
+    except Exception as exc:
+        _send(entry, {"sidebar_error": f"Could not create the GPU memory panel: {exc!r}"})
+        return
+    _send(entry, {"sidebar_model_id": str(model_id)})
+
+
+def _send(entry: _StatusComm, data: dict[str, Any]) -> bool:
+    try:
+        entry.comm.send(data)
+    except Exception:
+        _drop(entry)
+        return False
+    return True
+
+
+def open_status_comms() -> int:
+    """How many status comms a front end listens on (0: publishing is pointless)."""
+    with _lock:
+        return sum(1 for e in _comms.values() if e.confirmed)
+
+
+def publish_status(payload: StatusPayload) -> int:
+    """Send ``payload`` to every confirmed status comm; returns how many it reached.
+
+    Thread-safe and cheap when no comm is open (one lock, no serialization). Closed comms are dropped.
+    """
+    global _last_external_publish
+    _last_external_publish = time.monotonic()
+    return _publish(payload)
+
+
+def _publish(payload: StatusPayload) -> int:
+    with _lock:
+        targets = [e for e in _comms.values() if e.confirmed]
+    return sum(1 for entry in targets if _send(entry, payload))
+
+
+# --------------------------------------------------------------------------------------------
+# Default payload and publisher thread
+# --------------------------------------------------------------------------------------------
+
+_device_cache: dict[int, tuple[str, int | None]] = {}
+_process: Any = None
+
+
+def _rss_bytes() -> int | None:
+    global _process
+    try:
+        if _process is None:
+            import psutil
+
+            _process = psutil.Process()
+        return int(_process.memory_info().rss)
+    except Exception:
+        return None
+
+
+def _device_props(cuda: Any, index: int) -> tuple[str, int | None]:
+    cached = _device_cache.get(index)
+    if cached is None:
+        try:
+            props = cuda.get_device_properties(index)
+            cached = (str(props.name), int(props.total_memory))
+        except Exception:
+            cached = (f"cuda:{index}", None)
+        _device_cache[index] = cached
+    return cached
+
+
+def default_status_payload() -> StatusPayload:
+    """Host RSS (psutil) and, when the user's code has already initialized CUDA through PyTorch, the
+    caching allocator's figures per device. Never imports torch, never initializes CUDA."""
+    devices: list[dict[str, Any]] = []
+    cuda_in_use = False
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    try:
+        if cuda is not None and cuda.is_initialized():
+            cuda_in_use = True
+            for index in range(int(cuda.device_count())):
+                name, total = _device_props(cuda, index)
+                devices.append(
+                    {
+                        "index": index,
+                        "name": name,
+                        "allocated_bytes": int(cuda.memory_allocated(index)),
+                        "reserved_bytes": int(cuda.memory_reserved(index)),
+                        "total_bytes": total,
+                    }
+                )
+    except Exception:
+        pass
+    return {"devices": devices, "host": {"rss_bytes": _rss_bytes()}, "cuda_in_use": cuda_in_use}
+
+
+def _build_payload() -> StatusPayload:
+    provider = _provider or default_status_payload
+    try:
+        return provider()
+    except Exception:
+        return default_status_payload()
+
+
+def _ensure_publisher() -> None:
+    global _publisher
+    with _lock:
+        if _registered_manager is None:
+            return
+        if _publisher is not None and _publisher.is_alive():
+            return
+        _publisher_stop.clear()
+        _publisher = threading.Thread(target=_publish_loop, name="gpumem-status", daemon=True)
+        _publisher.start()
+
+
+def _publish_loop() -> None:
+    global _publisher
+    while not _publisher_stop.wait(PUBLISH_INTERVAL_S):
+        with _lock:
+            if not any(e.confirmed for e in _comms.values()):
+                if _publisher is threading.current_thread():
+                    _publisher = None
+                return
+        if time.monotonic() - _last_external_publish < _EXTERNAL_QUIET_S:
+            continue
+        _publish(_build_payload())
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """For ``jupyter labextension develop``: where the built extension lives in the package."""
+    return [{"src": "labextension", "dest": "gpumem"}]
