@@ -371,16 +371,16 @@ def test_render_text_and_html() -> None:
 
 def test_ipython_output_cache_and_exception_are_hidden_rows(ip: Any) -> None:
     run_cell_capture(ip, "import torch")
-    run_cell_capture(ip, "torch.zeros(1000)")
-    run_cell_capture(ip, "x = torch.zeros(500)\nx")
+    first, _ = run_cell_capture(ip, "torch.zeros(1000)")
+    second, _ = run_cell_capture(ip, "x = torch.zeros(500)\nx")
     run_cell_capture(ip, "def fail():\n    local = torch.zeros(2000)\n    raise ValueError('boom')\nfail()")
     report = find_holders(ip.user_ns, device="cpu")
     assert [r.name for r in report.holders] == ["x"]
     hidden = {r.name: r for r in report.hidden}
-    out_2 = hidden["Out[2]"]
-    assert out_2.nbytes == 4000
-    assert "_2" in out_2.note
-    out_3 = hidden["Out[3]"]
+    out_first = hidden[f"Out[{first.execution_count}]"]
+    assert out_first.nbytes == 4000
+    assert f"_{first.execution_count}" in out_first.note
+    out_3 = hidden[f"Out[{second.execution_count}]"]
     assert out_3.nbytes == 0 and "still held by x" in out_3.note
     error_rows = [r for r in report.hidden if r.name.startswith("last exception")]
     assert len(error_rows) == 1 and error_rows[0].nbytes == 8000

@@ -14,8 +14,9 @@ What ``deep=True`` releases, precisely (and nothing else):
 
 It never deletes or rebinds a user's own name. A value that a user name also holds (``x = Out[3]``)
 stays alive through that name and the result says so. An exception object a user name holds is not
-modified. Called from another thread (a widget callback while a cell runs) it does not touch the user
-namespace at all: the ``_N`` / ``_`` names are left in place and reported as kept.
+modified. Called from another thread while a cell runs (a widget callback during training) it leaves the
+output cache and its names alone (reported as kept: run it again once the cell is done) and only detaches
+the last exception's frames.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def free(deep: bool = False, shell: Any = None, source: Any = None) -> FreeResul
         kept: list[str] = []
         if deep and shell is not None:
             on_main_thread = threading.current_thread() is threading.main_thread()
-            _drop_ipython_references(shell, released, kept, edit_namespace=on_main_thread)
+            editable = on_main_thread or not _cell_running(shell)
+            _drop_ipython_references(shell, released, kept, edit_output_cache=editable)
         elif shell is not None:
             kept.extend(_hidden_summary(shell))
         collected = gc.collect()
@@ -156,6 +158,11 @@ def _running_shell() -> Any:
     return get_ipython()
 
 
+def _cell_running(shell: Any) -> bool:
+    """IPython points its display hook at the current ExecutionResult only while a cell executes."""
+    return getattr(getattr(shell, "displayhook", None), "exec_result", None) is not None
+
+
 def _allocator_readings(source: Any) -> dict[int, tuple[int, int]]:
     try:
         snapshot = source.snapshot()
@@ -190,7 +197,7 @@ def _walk(shell: Any, find_holders: Any) -> Any:
     return find_holders(user_ns, device="all", shell=shell, max_depth=8, time_budget_s=2.0)
 
 
-def _drop_ipython_references(shell: Any, released: list[str], kept: list[str], *, edit_namespace: bool) -> None:
+def _drop_ipython_references(shell: Any, released: list[str], kept: list[str], *, edit_output_cache: bool) -> None:
     from .holders import find_holders, hidden_references
 
     report = _walk(shell, find_holders)
@@ -203,16 +210,17 @@ def _drop_ipython_references(shell: Any, released: list[str], kept: list[str], *
             continue  # reaches no tensor memory: left in place
         count = len(released)
         if ref.name.startswith("Out[") or ref.name in ("_", "__", "___", "last result"):
-            _drop_output(shell, ref.objects[0], ref.name, released, kept, edit_namespace)
+            if not edit_output_cache:
+                kept.append(f"{ref.name}: a cell is running, so the output cache and its names are left as they are")
+                continue
+            _drop_output(shell, ref.objects[0], ref.name, released, kept)
         else:
             _drop_last_exception(shell, released, kept)
         if not row.nbytes and len(released) > count:
             released[-1] += f" (its memory is still held by {', '.join(row.shared_with[:3])})"
 
 
-def _drop_output(
-    shell: Any, value: Any, label: str, released: list[str], kept: list[str], edit_namespace: bool
-) -> None:
+def _drop_output(shell: Any, value: Any, label: str, released: list[str], kept: list[str]) -> None:
     """Remove every reference IPython's output cache keeps to ``value``."""
     user_ns: dict[str, Any] = shell.user_ns
     hidden_ns: dict[str, Any] = getattr(shell, "user_ns_hidden", {})
@@ -226,21 +234,14 @@ def _drop_output(
             if hidden_ns.get(name) is value:
                 del hidden_ns[name]
             if user_ns.get(name) is value:
-                if edit_namespace:
-                    del user_ns[name]
-                    dropped.append(name)
-                else:
-                    kept.append(f"{name}: in the user namespace, not edited from another thread while a cell may run")
+                del user_ns[name]
+                dropped.append(name)
     displayhook = getattr(shell, "displayhook", None)
     for name in ("_", "__", "___"):
         mine = hidden_ns.get(name) is value or getattr(displayhook, name, None) is value
         if not mine:
             continue
-        in_namespace = user_ns.get(name) is value
-        if in_namespace and not edit_namespace:
-            kept.append(f"{name}: in the user namespace, not edited from another thread while a cell may run")
-            continue
-        if in_namespace:
+        if user_ns.get(name) is value:
             user_ns[name] = ""
         if hidden_ns.get(name) is value:
             hidden_ns[name] = ""
