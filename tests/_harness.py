@@ -208,6 +208,11 @@ def _clear_exception_state(shell: InteractiveShell) -> None:
 
 
 def _snapshot(shell: InteractiveShell) -> dict[str, Any]:
+    # IPython 9 registers some magics lazily (%load_ext, %time, ...): a stub that loads its class on
+    # first use, once. Restoring a stub after that load would break the magic for later tests.
+    load_lazy = getattr(shell.magics_manager, "load_all_lazy_magics", None)
+    if load_lazy is not None:
+        load_lazy()
     return {
         "extensions": set(shell.extension_manager.loaded),
         "events": {name: list(cbs) for name, cbs in shell.events.callbacks.items()},
