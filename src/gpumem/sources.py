@@ -484,16 +484,18 @@ class HostSource:
         self._available_cache: tuple[float, int, int] = (-1.0, 0, 0)
 
     def _ensure(self) -> Any | None:
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
+        pid = os.getpid()
+        if self._pid != pid:
             try:
                 import psutil
             except ImportError:
                 self._reason = "psutil is not installed"
                 self._psutil = None
+                self._pid = pid
                 return None
             self._psutil = psutil
-            self._process = psutil.Process(self._pid)
+            self._process = psutil.Process(pid)
+            self._pid = pid  # last: another thread must not see the new pid before the process exists
         return self._process
 
     def unavailable_reason(self) -> str | None:
