@@ -12,6 +12,7 @@ is the highest sampled value, a lower bound, unless the counter rose above its e
 from __future__ import annotations
 
 import hashlib
+import re
 import statistics
 import threading
 import time
@@ -362,12 +363,12 @@ class CellTracker:
         stale = self._active
         if stale is not None and not stale.finished:
             self.end(stale, error=RuntimeError("the end of this cell was never reported"))
-        self._ensure_sampling()
         cell = ActiveCell(source, options, execution_count)
         if options.attribute and namespace is not None:
             cell.baseline = self._attribute(namespace, options.devices)
         source_ = self.monitor.source
         start = self.monitor.snapshot()
+        self._ensure_sampling()
         reset: list[int] = []
         if not options.keep_peaks:
             reset = [
@@ -416,6 +417,7 @@ class CellTracker:
         assert start is not None
         options = (options or cell.options)._replace(keep_peaks=cell.options.keep_peaks)
         status, error_text = classify_error(error)
+        count = execution_count if execution_count is not None else cell.execution_count
         devices = self._device_changes(cell, start, end, options)
         host = _host_change(cell, start, end)
         warnings: list[CellWarning] = []
@@ -428,7 +430,7 @@ class CellTracker:
         variables: tuple[VariableChange, ...] = ()
         variables_note = ""
         if devices and namespace is not None and self._should_attribute(options, devices):
-            variables, variables_note, graph = self._variable_changes(cell, namespace, options)
+            variables, variables_note, graph = self._variable_changes(cell, namespace, options, count)
             warnings += graph
         elif not devices:
             variables_note = "no CUDA device in use"
@@ -446,7 +448,7 @@ class CellTracker:
             self._count += 1
             record = CellRecord(
                 serial=self._count,
-                execution_count=execution_count if execution_count is not None else cell.execution_count,
+                execution_count=count,
                 first_line=first_line_of(cell.source),
                 source_hash=key,
                 started_wall_s=cell.started_wall_s,
@@ -672,7 +674,7 @@ class CellTracker:
         return _Attribution({h.name: h for h in held}, note, True)
 
     def _variable_changes(
-        self, cell: ActiveCell, namespace: Mapping[str, Any], options: CellOptions
+        self, cell: ActiveCell, namespace: Mapping[str, Any], options: CellOptions, count: int | None
     ) -> tuple[tuple[VariableChange, ...], str, list[CellWarning]]:
         attribution = self._attribute(namespace, options.devices)
         if not attribution.ok:
@@ -693,7 +695,7 @@ class CellTracker:
                 )
         changes.sort(key=lambda change: (-change.grown_bytes, change.name))
         self._baseline = attribution.held
-        label = f"cell [{cell.execution_count}]" if cell.execution_count is not None else "the previous inspection"
+        label = f"cell [{count}]" if count is not None else "the previous inspection"
         self._baseline_label = label
         grown = {change.name for change in changes}
         graph_paths: list[str] = []
@@ -721,14 +723,39 @@ class CellTracker:
 
 
 def _graph_warning(paths: Sequence[str]) -> CellWarning:
-    shown = ", ".join(f"`{path}`" for path in paths[:3])
-    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
-    verb = "keeps its" if len(paths) == 1 else "keep their"
-    return CellWarning(
-        "graph",
-        f"{shown}{more} {verb} whole autograd graph alive (a CUDA tensor with a grad_fn): "
-        "store `.item()` for a number or `.detach()` for a tensor instead",
+    groups = _group_indexed_paths(paths)
+    shown = ", ".join(groups[:3])
+    more = f" and {len(groups) - 3} more" if len(groups) > 3 else ""
+    what = (
+        "keeps its whole autograd graph alive (a CUDA tensor with a grad_fn)"
+        if len(paths) == 1
+        else "keep their whole autograd graphs alive (CUDA tensors with a grad_fn)"
     )
+    return CellWarning(
+        "graph", f"{shown}{more} {what}: store `.item()` for a number or `.detach()` for a tensor instead"
+    )
+
+
+_INDEXED = re.compile(r"^(.*)\[(-?\d+)\]$")
+
+
+def _group_indexed_paths(paths: Sequence[str]) -> list[str]:
+    """``losses[0]``, ``losses[1]``, ``losses[2]`` -> ``losses[0]`` ... ``losses[2]`` (3 elements)."""
+    groups: list[tuple[str, list[str]]] = []
+    for path in paths:
+        match = _INDEXED.match(path)
+        prefix = match.group(1) if match else None
+        if prefix is not None and groups and groups[-1][0] == prefix:
+            groups[-1][1].append(path)
+        else:
+            groups.append((prefix if prefix is not None else "\0" + path, [path]))
+    shown: list[str] = []
+    for _prefix, members in groups:
+        if len(members) >= 3:
+            shown.append(f"`{members[0]}` … `{members[-1]}` ({len(members)} elements)")
+        else:
+            shown.extend(f"`{member}`" for member in members)
+    return shown
 
 
 def _selected(device: int, devices: tuple[int, ...] | None) -> bool:

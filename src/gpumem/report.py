@@ -122,7 +122,7 @@ def _record_text(record: CellRecord, top: int) -> str:
         lines.append(f"  {'host':<8} RSS          {_span(host.rss_before_bytes, host.rss_after_bytes)}")
         lines.append(f"  {'':<8} peak         {_host_peak_text(host)}")
     else:
-        lines.append("  host     unavailable (psutil is not installed)")
+        lines.append("  host     unavailable (see %gpumem status)")
     if record.variables:
         lines.append(f"  variables holding GPU memory, {record.variables_note}:")
         width = max(len(variable.name) for variable in record.variables[:top])
@@ -196,7 +196,7 @@ def _record_html(record: CellRecord, top: int) -> str:
             f'<td class="dim">-</td><td>{peak_cell}</td><td class="dim">-</td></tr>'
         )
     else:
-        parts.append('<tr><td>host</td><td colspan="4" class="dim">unavailable (psutil is not installed)</td></tr>')
+        parts.append('<tr><td>host</td><td colspan="4" class="dim">unavailable (see %gpumem status)</td></tr>')
     parts.append("</tbody></table>")
     if record.variables:
         parts.append(f'<div class="dim">variables holding GPU memory, {e(record.variables_note)}</div>')
