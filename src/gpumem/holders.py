@@ -1119,25 +1119,35 @@ def _row_notes(row: Holder) -> list[str]:
 
 def render_text(report: HolderReport, *, limit: int = 20) -> str:
     """A plain-text table for terminals and ``text/plain``."""
-    lines: list[str] = []
     if not report.torch_loaded:
         return "gpumem who: " + report.unattributed
-    header = f"Tensor memory held by names ({report.device}), {report.elapsed_s * 1000:.0f} ms"
-    lines.append(header)
+    shown = [*report.holders[:limit], *report.hidden]
+    name_width = max([len(row.name) for row in shown] + [11])
+    type_width = max([len(row.type_name) for row in shown] + [4])
+    device_width = max([len(row.device) for row in shown] + [6])
+    indent = " " * (name_width + 4)
+
+    def row_lines(row: Holder) -> list[str]:
+        head = (
+            f"  {row.name:<{name_width}}  {row.type_name:<{type_width}}  {row.device:<{device_width}}  "
+            f"{format_bytes(row.nbytes):>10}"
+        )
+        return [head, *(indent + note for note in _row_notes(row))]
+
+    lines = [f"Tensor memory held by names ({report.device}), walked in {report.elapsed_s * 1000:.0f} ms"]
     if not report.holders:
         lines.append("  (no name holds tensor memory on this device)")
     for row in report.holders[:limit]:
-        lines.append(f"  {row.name:<24} {row.type_name:<18} {row.device:<8} {format_bytes(row.nbytes):>10}")
-        lines.extend(f"  {'':<24}   {note}" for note in _row_notes(row))
+        lines.extend(row_lines(row))
     if len(report.holders) > limit:
         rest = sum(row.nbytes for row in report.holders[limit:])
-        lines.append(f"  ... {len(report.holders) - limit} more names, {format_bytes(rest)}")
-    lines.append(f"  {'total named':<52} {format_bytes(report.total_bytes):>10}")
+        lines.append(f"  ... {len(report.holders) - limit} more names, {format_bytes(rest)} (--all lists them)")
+    total_width = name_width + type_width + device_width + 6
+    lines.append(f"  {'total named':<{total_width}}{format_bytes(report.total_bytes):>10}")
     if report.hidden:
         lines.append(f"Held by IPython (release with {FREE_COMMAND}):")
         for row in report.hidden:
-            lines.append(f"  {row.name:<24} {row.type_name:<18} {row.device:<8} {format_bytes(row.nbytes):>10}")
-            lines.extend(f"  {'':<24}   {note}" for note in _row_notes(row))
+            lines.extend(row_lines(row))
     if report.allocated_bytes is not None:
         lines.append(f"memory_allocated {format_bytes(report.allocated_bytes)}: {report.unattributed}")
     else:

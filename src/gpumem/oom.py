@@ -302,15 +302,21 @@ def render_text(report: OomReport, *, limit: int = 5) -> str:
     lines = _summary_lines(report)
     holders = report.holders
     if holders is not None:
+        shown = [*holders.holders[:limit], *holders.hidden[:limit]]
+        width = max((len(row.name) for row in shown), default=0)
+        type_width = max((len(row.type_name) for row in shown), default=0)
         if holders.holders:
             lines.append("  top holders:")
             lines.extend(
-                f"    {row.name:<20} {row.type_name:<16} {format_bytes(row.nbytes):>10}"
+                f"    {row.name:<{width}}  {row.type_name:<{type_width}}  {format_bytes(row.nbytes):>10}"
                 for row in holders.holders[:limit]
             )
         if holders.hidden:
             lines.append(f"  held by IPython (release with {FREE_COMMAND}):")
-            lines.extend(f"    {row.name:<20} {format_bytes(row.nbytes):>10}" for row in holders.hidden[:limit])
+            lines.extend(
+                f"    {row.name:<{width}}  {row.type_name:<{type_width}}  {format_bytes(row.nbytes):>10}"
+                for row in holders.hidden[:limit]
+            )
     lines.extend(f"  - {item}" for item in report.advice)
     lines.append(f"  to free what IPython keeps and return the cache: {FREE_COMMAND}")
     return "\n".join(lines)
