@@ -93,6 +93,11 @@ _STYLE = """<style>
 .gpumem-panel .gm-c-alert{border-left-color:#dc2626;background:rgba(220,38,38,.12);color:#b91c1c}
 .gpumem-panel .gm-label{font-size:11px;color:var(--jp-ui-font-color2,#6b7280)}
 .gpumem-panel .gm-c-alert .gm-label,.gpumem-panel .gm-c-alert .gm-sub{color:#b91c1c}
+body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert,
+body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert .gm-label,
+body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert .gm-sub,
+body[data-jp-theme-light="false"] .gpumem-panel .gm-row-alert td,
+body[data-jp-theme-light="false"] .gpumem-panel .gm-err{color:#f87171}
 .gpumem-panel .gm-value{font-size:16px;font-weight:600;white-space:nowrap;font-variant-numeric:tabular-nums}
 .gpumem-panel .gm-sub{font-size:10.5px;color:var(--jp-ui-font-color2,#6b7280);white-space:nowrap}
 .gpumem-panel .gm-bar{position:relative;display:flex;height:8px;border-radius:4px;margin:4px 0 2px;
@@ -424,7 +429,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         self._x_scale = bqplot.DateScale()
         self._y_scale = bqplot.LinearScale(min=0.0, max=1.0)
         scales = {"x": self._x_scale, "y": self._y_scale}
-        self._x_axis = bqplot.Axis(scale=self._x_scale, tick_format="%H:%M:%S", num_ticks=6, grid_lines="none")
+        self._x_axis = bqplot.Axis(scale=self._x_scale, tick_format="%H:%M:%S", grid_lines="none")
         self._y_axis = bqplot.Axis(
             scale=self._y_scale,
             orientation="vertical",
@@ -432,7 +437,6 @@ class Panel(widgets.VBox):  # type: ignore[misc]
             tick_format=".4~g",
             grid_lines="dashed",
             label_offset="40px",
-            num_ticks=5,
         )
         self._cell_lines = bqplot.Lines(
             x=np.zeros(0), y=np.zeros(0), scales=scales, colors=[MARK_COLOR], stroke_width=1.0,
@@ -445,14 +449,15 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         )  # fmt: skip
         self._cell_labels = bqplot.Label(
             x=np.zeros(0), y=np.zeros(0), text=np.zeros(0, dtype=str), scales=scales, colors=[MARK_COLOR],
-            default_size=11.0, align="start", x_offset=3, y_offset=11, visible=False,
+            default_size=11.0, align="end", x_offset=-3, y_offset=11, visible=False,
         )  # fmt: skip
         self._figure = bqplot.Figure(
             marks=[self._cell_lines, self._curves, self._capacity, self._cell_labels],
             axes=[self._x_axis, self._y_axis],
-            fig_margin={"top": 10, "bottom": 26, "left": 56, "right": 18},
+            fig_margin={"top": 10, "bottom": 26, "left": 56, "right": 30},
             padding_y=0.0,
             animation_duration=0,
+            display_toolbar=False,
             min_aspect_ratio=0.0,
             max_aspect_ratio=100.0,
             layout=widgets.Layout(width="100%", height="250px", min_width="320px"),
@@ -837,7 +842,9 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         if self._x_axis.tick_format != tick_format:
             self._x_axis.tick_format = tick_format
         if self._y_scale.max != frame.y_max:
-            self._y_scale.max = frame.y_max
+            with self._y_axis.hold_sync():
+                self._y_scale.max = frame.y_max
+                self._y_axis.tick_values = np.asarray(frame.y_ticks, dtype=np.float64)
         if self._y_axis.label != frame.unit:
             self._y_axis.label = frame.unit
         if frame.curves and frame.points_per_line:

@@ -37,6 +37,7 @@ __all__ = [
     "build_header",
     "choose_curves",
     "curve_interval_s",
+    "nice_axis",
     "parse_device",
     "parse_rate",
     "parse_threshold",
@@ -309,16 +310,14 @@ def build_header(
     nvml_reason = _reason(status, "nvml")
     cuda_in_use = bool(snapshot.allocator)
     if not indices:
-        notes.append(f"No CUDA device is in use: {torch_reason or 'no GPU is visible to this process'}.")
-        if nvml_reason and torch_reason != nvml_reason:
-            notes.append(f"Whole-device figures: {nvml_reason}.")
+        notes.append(_sentence(f"No CUDA device is in use: {torch_reason or 'no GPU is visible to this process'}"))
     elif not cuda_in_use:
         notes.append(
             f"PyTorch's figures appear once CUDA is in use ({torch_reason or 'not initialized'}); "
             "device used is the whole GPU, all processes."
         )
     elif nvml_reason:
-        notes.append(f"Device used: unavailable ({nvml_reason}); capacity from PyTorch.")
+        notes.append(f"Device used: unavailable ({nvml_reason.rstrip('.?')}); capacity from PyTorch.")
     if device is not None and indices and device not in indices:
         notes.append(f"cuda:{device} is not visible to this process; showing every device.")
         device = None
@@ -353,8 +352,12 @@ def build_header(
             total_bytes=snapshot.host.total_bytes,
         )
     elif not indices:
-        notes.append(f"Host memory: {_reason(status, 'host') or 'unavailable'}.")
+        notes.append(_sentence(f"Host memory: {_reason(status, 'host') or 'unavailable'}"))
     return HeaderModel(tuple(figures), host, tuple(notes), cuda_in_use)
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def _int_or_none(value: float | None) -> int | None:
@@ -428,7 +431,8 @@ def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
             )
         else:
             fraction = 1 - host.available_bytes / host.total_bytes if host.total_bytes else 0.0
-            parts.append('<div class="gm-title">Host memory</div><div class="gm-cards">')
+            parts.append('<div class="gm-title">Host memory</div>')
+            parts.append('<div class="gm-cards">')
             parts.append(_card("process RSS", format_bytes(host.rss_bytes), "Resident memory of this kernel process."))
             parts.append(
                 _card(
@@ -580,6 +584,7 @@ class CurveFrame(NamedTuple):
     x_min_ms: float
     x_max_ms: float
     y_max: float
+    y_ticks: tuple[float, ...]
     capacity: tuple[float, ...]  # per shown device, in ``unit``; only those within the y range
     capacity_off_scale: tuple[float, ...]  # capacities above the y range, in bytes
     mark_x_ms: np.ndarray
@@ -600,16 +605,16 @@ def _unit_for(max_bytes: float) -> tuple[str, int]:
     return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
 
 
-def nice_ceiling(value: float) -> float:
-    """The smallest of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 (times a power of ten) not below ``value``."""
-    if not (value > 0 and math.isfinite(value)):
-        return 1.0
-    exponent = math.floor(math.log10(value))
-    base = 10.0**exponent
-    for step in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
-        if step * base >= value * (1 - 1e-12):
-            return step * base
-    return 10 * base
+def nice_axis(top: float, target: int = 5) -> tuple[float, tuple[float, ...]]:
+    """An axis from 0 covering ``top``: round steps (1, 2, 2.5 or 5 times a power of ten) and its ticks."""
+    if not (top > 0 and math.isfinite(top)):
+        return 1.0, (0.0, 0.5, 1.0)
+    raw = top / target
+    base = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * base for m in (1, 2, 2.5, 5, 10) if m * base >= raw * (1 - 1e-9))
+    count = max(1, math.ceil(top / step - 1e-9))
+    ticks = tuple(round(i * step, 10) for i in range(count + 1))
+    return ticks[-1], ticks
 
 
 def build_curve_frame(
@@ -639,7 +644,7 @@ def build_curve_frame(
     if caps and (options.full_scale or max(caps) <= data_max * 1.6):
         top = max(top, max(caps) * 1.02)
     unit, unit_bytes = _unit_for(max(top, data_max))
-    y_max = nice_ceiling(top / unit_bytes) if top > 0 else 1.0
+    y_max, y_ticks = nice_axis(top / unit_bytes)
     visible_caps = tuple(sorted({c / unit_bytes for c in caps if c / unit_bytes <= y_max}))
     off_scale = tuple(sorted({float(c) for c in caps if c / unit_bytes > y_max}))
     x_max = now_s
@@ -660,6 +665,7 @@ def build_curve_frame(
         x_min_ms=(x_min + wall_offset_s) * 1000.0,
         x_max_ms=(x_max + wall_offset_s) * 1000.0,
         y_max=y_max,
+        y_ticks=y_ticks,
         capacity=visible_caps,
         capacity_off_scale=off_scale,
         mark_x_ms=np.asarray([(m.time_s + wall_offset_s) * 1000.0 for m in marks], dtype=np.float64),
@@ -684,10 +690,26 @@ def curve_interval_s(options: PanelOptions, payload_bytes: int) -> float:
 
 def render_legend(frame: CurveFrame) -> str:
     """Swatches for each curve, the capacity line and the cell markers, as HTML."""
-    items = [
-        f'<span class="gm-key"><i style="background:{c.color};opacity:{c.opacity}"></i>{html.escape(c.label)}</span>'
-        for c in frame.curves
-    ]
+    devices = {c.channel.split("/")[0] for c in frame.curves if c.channel.startswith("cuda:")}
+    if len(devices) > 1:
+        # One chip per device; the line style is explained once.
+        items = [
+            f'<span class="gm-key"><i style="background:{c.color}"></i>{html.escape(c.channel.split("/")[0])}</span>'
+            for c in frame.curves
+            if c.channel.endswith("/allocated")
+        ]
+        items.append('<span class="gm-key gm-dim">solid: allocated, faint: reserved</span>')
+        items.extend(
+            f'<span class="gm-key"><i style="background:{c.color}"></i>{html.escape(c.label)}</span>'
+            for c in frame.curves
+            if not c.channel.startswith("cuda:")
+        )
+    else:
+        items = [
+            f'<span class="gm-key"><i style="background:{c.color};opacity:{c.opacity}"></i>'
+            f"{html.escape(c.label)}</span>"
+            for c in frame.curves
+        ]
     if frame.capacity:
         items.append(
             f'<span class="gm-key"><i class="gm-dash" style="border-color:{CAPACITY_COLOR}"></i>capacity</span>'
@@ -697,5 +719,8 @@ def render_legend(frame: CurveFrame) -> str:
         items.append(
             f'<span class="gm-key gm-dim" title="Tick Full scale to see it">capacity {text} (above the plot)</span>'
         )
-    items.append(f'<span class="gm-key"><i class="gm-vline" style="border-color:{MARK_COLOR}"></i>cell start</span>')
+    if frame.mark_labels:
+        items.append(
+            f'<span class="gm-key"><i class="gm-vline" style="border-color:{MARK_COLOR}"></i>cell start / Free</span>'
+        )
     return '<div class="gm-legend">' + "".join(items) + "</div>"
