@@ -22,6 +22,8 @@ DEMO_PORT ?= 8888
 JS_SOURCES := $(wildcard js/package.json js/tsconfig.json js/yarn.lock js/.yarnrc.yml) \
 	$(shell find js/src js/style js/schema -type f 2>/dev/null)
 INSTALLED := $(VENV)/.gpumem-installed
+# This machine's pip configuration names partial local indexes; pip warns for each missing project.
+PIP_NOISE := is ignored: it is neither a file nor a directory
 
 .PHONY: test demo install chromium lint typecheck pytest clean
 
@@ -37,7 +39,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(INSTALLED): $(PY) pyproject.toml $(JS_SOURCES)
-	$(PY) -m pip install -q -e ".[test]" "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[test]" "$(TORCH_PIN)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
 	@touch $@
 
 # Debian's chromium drives the browser tests (Playwright's downloaded builds are not used).

@@ -239,8 +239,12 @@ def _restore(shell: InteractiveShell, snap: dict[str, Any]) -> None:
 
 
 def reset_shell(shell: InteractiveShell) -> None:
-    """Reset the user namespace, output cache and remembered exception of ``shell``."""
-    shell.reset(new_session=False)
+    """Reset the user namespace, output cache, remembered exception and execution count of ``shell``.
+
+    Like a fresh kernel: the next cell is ``In[1]``/``Out[1]``. (A new history session; the history
+    database is in memory, so this costs nothing.)
+    """
+    shell.reset(new_session=True)
     _clear_exception_state(shell)
     gc.collect()
 
@@ -249,8 +253,9 @@ def reset_shell(shell: InteractiveShell) -> None:
 def ip() -> Iterator[InteractiveShell]:
     """The session's in-process ``InteractiveShell``; ``get_ipython()`` returns it.
 
-    Every test starts with an empty user namespace and output cache; extensions the test loaded are
-    unloaded afterwards and event callbacks / magics / transformers restored.
+    Every test starts with an empty user namespace and output cache and execution count 1, as in a
+    fresh kernel; extensions the test loaded are unloaded afterwards and event callbacks, magics and
+    transformers restored.
     """
     shell = _ipython_shell()
     snap = _snapshot(shell)

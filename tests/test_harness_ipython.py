@@ -24,6 +24,10 @@ def test_ip_runs_cells_and_get_ipython_works(ip: Any) -> None:
 def test_ip_namespace_is_reset_between_tests(ip: Any) -> None:
     assert "a" not in ip.user_ns
     assert "shell" not in ip.user_ns
+    assert ip.execution_count == 1
+    ip.run_cell("7 * 6", store_history=True)
+    assert ip.user_ns["Out"] == {1: 42}
+    assert ip.user_ns["_1"] == 42
 
 
 def test_ip_outputs_and_errors_are_capturable(ip: Any) -> None:
