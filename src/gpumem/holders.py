@@ -783,71 +783,69 @@ def _last_error_name(objects: list[Any]) -> str:
 
 
 def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) -> list[Holder]:
+    """Give every storage one owner (lowest rank, then the name reaching most, then namespace order)."""
     reach_total = {id(root): sum(sizes[key] for key in root.reach) for root in roots}
     owner: dict[tuple[str, int, int], _Root] = {}
+    reachers: dict[tuple[str, int, int], list[_Root]] = {}
     for root in roots:
-        for key, edge in root.reach.items():
+        mine = root.reach
+        for key, edge in mine.items():
+            reachers.setdefault(key, []).append(root)
             current = owner.get(key)
-            if current is None:
-                owner[key] = root
-                continue
-            mine = (edge.rank, -reach_total[id(root)], root.order)
-            theirs = (current.reach[key].rank, -reach_total[id(current)], current.order)
-            if mine < theirs:
+            if current is None or (edge.rank, -reach_total[id(root)], root.order) < (
+                current.reach[key].rank,
+                -reach_total[id(current)],
+                current.order,
+            ):
                 owner[key] = root
     # Optimizer state goes to the row that owns the parameter it belongs to (a module, usually).
     state_note: dict[int, set[str]] = {}
-    moved_category: dict[tuple[str, int, int], str] = {}
-    for key, holder in list(owner.items()):
-        param_key = holder.param_of_state.get(key)
-        if param_key is None or holder.reach[key].category != OPTIMIZER_STATE:
-            continue
-        param_owner = owner.get(param_key)
-        if param_owner is None or param_owner is holder or param_owner.hidden:
-            continue
-        if param_owner.reach[param_key].category != PARAMETERS:
-            continue
-        owner[key] = param_owner
-        moved_category[key] = OPTIMIZER_STATE
-        state_note.setdefault(id(param_owner), set()).add(holder.name)
+    moved: dict[tuple[str, int, int], _Root] = {}
+    for root in roots:
+        for key, param_key in root.param_of_state.items():
+            if owner.get(key) is not root or root.reach[key].category != OPTIMIZER_STATE:
+                continue
+            param_owner = owner.get(param_key)
+            if param_owner is None or param_owner is root or param_owner.hidden:
+                continue
+            if param_owner.reach[param_key].category != PARAMETERS:
+                continue
+            owner[key] = param_owner
+            moved[key] = root
+            state_note.setdefault(id(param_owner), set()).add(root.name)
+    owned_keys: dict[int, list[tuple[str, int, int]]] = {}
+    for key, holder in owner.items():
+        owned_keys.setdefault(id(holder), []).append(key)
     rows: list[Holder] = []
     for root in roots:
         owned = 0
         shared = 0
         breakdown: dict[str, int] = {}
         devices: set[str] = set()
-        partners: list[str] = []
-        for key, edge in root.reach.items():
+        partners: dict[str, None] = {}
+        for key in owned_keys.get(id(root), ()):
             nbytes = sizes[key]
+            owned += nbytes
+            category = OPTIMIZER_STATE if key in moved else root.reach[key].category
+            breakdown[category] = breakdown.get(category, 0) + nbytes
+            devices.add(key[0])
+            for other in reachers[key]:
+                if other is not root:
+                    partners[other.name] = None
+        for key in root.reach:
             holder = owner[key]
-            if holder is root:
-                owned += nbytes
-                category = moved_category.get(key, edge.category)
-                breakdown[category] = breakdown.get(category, 0) + nbytes
-                devices.add(key[0])
-            else:
-                shared += nbytes
-                if holder.name not in partners:
-                    partners.append(holder.name)
-        for key, holder in owner.items():
-            if holder is root and key not in root.reach:  # optimizer state moved here from the optimizer's row
-                nbytes = sizes[key]
-                owned += nbytes
-                breakdown[OPTIMIZER_STATE] = breakdown.get(OPTIMIZER_STATE, 0) + nbytes
-                devices.add(key[0])
+            if holder is not root:
+                shared += sizes[key]
+                partners[holder.name] = None
         if not owned and not shared:
             continue
-        for other in roots:
-            if other is root or other.name in partners:
-                continue
-            if any(owner.get(key) is root for key in other.reach):
-                partners.append(other.name)
+        partner_names = tuple(partners)
         notes: list[str] = [root.note] if root.note else []
         if id(root) in state_note:
             notes.append("optimizer state held by " + ", ".join(sorted(state_note[id(root)])))
         if not owned and shared:
             verb = "still held by " if root.hidden else "counted under "
-            notes.append(verb + ", ".join(partners[:3]))
+            notes.append(verb + ", ".join(partner_names[:3]))
         rows.append(
             Holder(
                 name=root.name,
@@ -858,7 +856,7 @@ def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) ->
                 tensor_count=len(root.tensor_ids),
                 graph_paths=tuple(root.graph_paths),
                 breakdown=breakdown,
-                shared_with=tuple(partners),
+                shared_with=partner_names,
                 note="; ".join(notes),
             )
         )
