@@ -413,10 +413,9 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         with _registry_lock:
             _open.append(self)
         self._monitor.sampler.add_listener(self._on_sample)
-        latest = self._monitor.timeline.latest()
-        if latest is not None or self._monitor.running:
-            with contextlib.suppress(Exception):
-                self._on_sample(self._monitor.snapshot())
+        # The figures at opening: the baseline of "peak since open" and a header before the first tick.
+        with contextlib.suppress(Exception):
+            self._on_sample(self._monitor.snapshot())
         _writer.add(self)
 
     # Building -----------------------------------------------------------------------------------
@@ -432,7 +431,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         self._x_axis = bqplot.Axis(scale=self._x_scale, tick_format="%H:%M:%S", grid_lines="none")
         self._y_axis = bqplot.Axis(
             scale=self._y_scale,
-            orientation="vertical",
+            side="left",
             label="GiB",
             tick_format=".4~g",
             grid_lines="dashed",
@@ -467,7 +466,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
             description="Free", icon="broom", tooltip=_FREE_HELP, button_style="primary", layout=compact
         )
         self._deep = widgets.Checkbox(
-            value=False, description="deep", indent=False, tooltip=_DEEP_HELP, description_tooltip=_DEEP_HELP,
+            value=False, description="deep", indent=False, tooltip=_DEEP_HELP,
             layout=widgets.Layout(width="auto", margin="0 12px 0 4px"),
         )  # fmt: skip
         self._pause_button = widgets.Button(
@@ -502,7 +501,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         )  # fmt: skip
         self._full_scale = widgets.Checkbox(
             value=options.full_scale, description="full scale", indent=False,
-            description_tooltip="y axis up to the device's capacity",
+            tooltip="y axis up to the device's capacity",
             layout=widgets.Layout(width="auto"),
         )  # fmt: skip
         self._controls = widgets.HBox(
@@ -655,11 +654,12 @@ class Panel(widgets.VBox):  # type: ignore[misc]
             # The front end or ipywidgets closed our comm: release everything.
             threading.Thread(target=self.close, name="gpumem-panel-close", daemon=True).start()
             return math.inf
+        refreshed: list[threading.Event] = []
         with self._service_lock:
             if self._closed:
                 return math.inf
             try:
-                return self._service_locked(force)
+                return self._service_locked(force, refreshed)
             except Exception as error:
                 text = f"Panel update failed: {type(error).__name__}: {error}"
                 if text != self._error:
@@ -667,9 +667,11 @@ class Panel(widgets.VBox):  # type: ignore[misc]
                     with contextlib.suppress(Exception):
                         self._message.value = f'<div class="gm-msg gm-err">{html.escape(text)}</div>'
                 return time.monotonic() + _IDLE_WAIT_S
+            finally:
+                for event in refreshed:
+                    event.set()
 
-    def _service_locked(self, force: bool) -> float:
-        refreshed: list[threading.Event] = []
+    def _service_locked(self, force: bool, refreshed: list[threading.Event]) -> float:
         while self._commands:
             command = self._commands.popleft()
             kind = command[0]
@@ -682,8 +684,6 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         visible = self._is_visible(now)
         self._stats = self._stats._replace(views=int(self._view_count or 0), visible=visible)
         if not force and (self._paused or not visible):
-            for event in refreshed:
-                event.set()
             return now + _IDLE_WAIT_S
         if force or now >= self._next_header:
             self._push_header()
@@ -692,8 +692,6 @@ class Panel(widgets.VBox):  # type: ignore[misc]
             interval = self._push_curves(now)
             self._next_curves = now + interval
             self._curves_dirty = False
-        for event in refreshed:
-            event.set()
         return min(self._next_header, self._next_curves)
 
     def _apply(self, command: tuple[Any, ...]) -> None:
@@ -847,7 +845,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
                 self._y_axis.tick_values = np.asarray(frame.y_ticks, dtype=np.float64)
         if self._y_axis.label != frame.unit:
             self._y_axis.label = frame.unit
-        if frame.curves and frame.points_per_line:
+        if frame.curves and frame.points_per_line >= 2:  # one point is no line (and bqplot squeezes it away)
             with self._curves.hold_sync():
                 self._curves.x = x
                 self._curves.y = frame.y
