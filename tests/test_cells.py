@@ -4,7 +4,7 @@ and the real holders walk for variable attribution and the graph warning."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -263,10 +263,12 @@ def test_first_line_skips_blank_lines_and_cell_magic_headers() -> None:
 # Variable attribution with real torch tensors (on the CPU) and the real holders walk ----------------
 
 
-def cpu_holders(namespace: Mapping[str, Any], device: str) -> Any:
+def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
     from gpumem.holders import find_holders
 
-    return find_holders(namespace, device="cpu")
+    if names is None:
+        return find_holders(namespace, device="cpu")
+    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
 
 
 @pytest.fixture
@@ -344,7 +346,7 @@ def test_graph_kept_alive_warning_names_the_element(cpu_tracker: CellTracker, fa
 
 
 def test_attribution_failure_is_a_note_not_an_exception(fake: FakeSource) -> None:
-    def broken(namespace: Mapping[str, Any], device: str) -> Any:
+    def broken(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
         raise RuntimeError("walk failed")
 
     tracker = CellTracker(Monitor(fake), start_sampler=False, holder_finder=broken)
@@ -353,3 +355,58 @@ def test_attribution_failure_is_a_note_not_an_exception(fake: FakeSource) -> Non
     record = tracker.end(cell, namespace={})
     assert record.variables == ()
     assert record.variables_note == "variable attribution failed: RuntimeError: walk failed"
+
+
+class _Box:
+    """A plain object whose contents change without its name being rebound."""
+
+    def __init__(self) -> None:
+        self.cache: list[Any] = []
+
+
+def test_auto_mode_walks_only_changed_names_unless_growth_is_unexplained(
+    cpu_tracker: CellTracker, fake: FakeSource
+) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {f"v{i}": torch.zeros(10) for i in range(50)}
+    ns["box"] = _Box()
+    fake.allocate(MIB)  # a device in use: attribution only runs then
+
+    def auto_cell(body: Any, grow_bytes: int) -> Any:
+        cell = cpu_tracker.begin("cell", options=CellOptions(attribute=True))
+        body()
+        fake.allocate(grow_bytes)
+        return cpu_tracker.end(cell, namespace=ns)
+
+    auto_cell(lambda: None, 0)
+    assert cpu_tracker.walks == {"full": 1, "changed names": 0}
+
+    record = auto_cell(lambda: ns.update(x=torch.zeros(1000)), 4000)
+    assert cpu_tracker.walks == {"full": 1, "changed names": 1}
+    assert [v.name for v in record.variables] == ["x"]
+
+    ns["v3"].resize_(2000)  # grows in place: same object, so not a changed name
+    record = auto_cell(lambda: ns.update(y=torch.zeros(5)), 8 * MIB)
+    assert cpu_tracker.walks == {"full": 2, "changed names": 2}  # 20 bytes cannot explain 8 MiB: walk all
+    assert [v.name for v in record.variables] == ["v3", "y"]
+
+    record = auto_cell(lambda: ns["box"].cache.append(torch.zeros(250_000)), 0)
+    assert [v.name for v in record.variables] == []  # not seen: nothing grew that needed explaining
+    record = auto_cell(lambda: ns.pop("x"), 2 * MIB)
+    assert cpu_tracker.walks["full"] == 3
+    assert [(v.name, v.grown_bytes) for v in record.variables] == [("box", 1_000_000)]
+
+
+def test_output_cache_entries_are_reported_as_hidden(cpu_tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {}
+    fake.allocate(MIB)
+    cell = cpu_tracker.begin("first", options=CellOptions(attribute=True))
+    cpu_tracker.end(cell, namespace=ns)
+    cell = cpu_tracker.begin("torch.ones(1000)", options=CellOptions(attribute=True))
+    value = torch.ones(1000)
+    fake.allocate(4000)
+    record = cpu_tracker.end(cell, namespace=ns, hidden={"Out[2]": value})
+    (variable,) = record.variables
+    assert variable.name == "Out[2]" and variable.hidden and variable.nbytes == 4000
+    assert any(w.kind == "output-cache" and "Out[2]" in w.message for w in record.warnings)

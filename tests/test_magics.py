@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -281,8 +281,10 @@ def test_graph_warning_with_real_tensors(shell: Any) -> None:
     state = _extension.get_state()
     assert state is not None
 
-    def cpu_holders(namespace: Mapping[str, Any], device: str) -> Any:
-        return find_holders(namespace, device="cpu")
+    def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+        if names is None:
+            return find_holders(namespace, device="cpu")
+        return find_holders(namespace, device="cpu", names=names, include_hidden=False)
 
     state.tracker.holder_finder = cpu_holders
     shell.user_ns.update(torch=torch, w=torch.randn(32, 32, requires_grad=True), losses=[])
@@ -426,3 +428,27 @@ def test_host_peak_of_a_transient_array(real_shell: Any) -> None:
     assert host.peak_exact  # the process's lifetime peak rose inside the cell
     assert host.peak_above_start_bytes >= 0.95 * size
     assert abs(host.rss_delta_bytes) < size // 2
+
+
+def test_output_cache_holding_a_tensor_is_named(shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    from gpumem.holders import find_holders
+
+    state = _extension.get_state()
+    assert state is not None
+
+    def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+        if names is None:
+            return find_holders(namespace, device="cpu")
+        return find_holders(namespace, device="cpu", names=names, include_hidden=False)
+
+    state.tracker.holder_finder = cpu_holders
+    shell.user_ns["torch"] = torch
+    shell.run_line_magic("gpumem", "auto on --vars always")
+    run_cell_capture(shell, "h = src.allocate(MIB)")
+    result, cap = run_cell_capture(shell, "h2 = src.allocate(MIB)\ntorch.ones(1000)")
+    count = result.execution_count
+    (variable,) = history()[-1].variables
+    assert variable.name == f"Out[{count}]" and variable.hidden and variable.nbytes == 4000
+    (line,) = [output.data["text/plain"] for output in cap.outputs if "gpumem" in output.data["text/plain"]]
+    assert f"IPython keeps references to Out[{count}]" in line

@@ -184,9 +184,21 @@ class ExtensionState:
         request = pending.request
         options = request.options if request is not None else None
         record = self.tracker.end(
-            active, error=error, namespace=self.shell.user_ns, execution_count=count, options=options
+            active,
+            error=error,
+            namespace=self.shell.user_ns,
+            execution_count=count,
+            options=options,
+            hidden=self._new_output(count),
         )
         self.show(record, request)
+
+    def _new_output(self, count: int | None) -> dict[str, Any] | None:
+        """The cell's entry in IPython's output cache, which keeps its value alive."""
+        outputs = self.shell.user_ns.get("Out")
+        if count is None or not isinstance(outputs, dict) or count not in outputs:
+            return None
+        return {f"Out[{count}]": outputs[count]}
 
     def running_cell_number(self) -> int | None:
         """The execution count of the cell running now, if it is stored in the history."""

@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ._format import format_bytes, format_delta
@@ -184,14 +184,28 @@ class HeldVariable(NamedTuple):
     hidden: bool
 
 
-# (namespace, device filter such as "cuda" or "cuda:1") -> a holders report (see gpumem.holders.find_holders)
-HolderFinder = Callable[[Mapping[str, Any], str], Any]
+# (namespace, device filter such as "cuda" or "cuda:1", names to walk or None for all of them and
+# IPython's hidden references) -> a holders report (see gpumem.holders.find_holders)
+HolderFinder = Callable[[Mapping[str, Any], str, "Collection[str] | None"], Any]
+
+# An automatic-mode walk covers only the names whose value changed; past this many it walks everything.
+MAX_CHANGED_NAMES = 100
+_SIZED = frozenset({list, dict, set, frozenset, tuple, deque})
 
 
 class _Attribution(NamedTuple):
     held: dict[str, HeldVariable]
     note: str
     ok: bool
+
+
+def _signatures(namespace: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per name: the value's id, and its length for built-in containers (so an append shows)."""
+    signatures: dict[str, tuple[int, int]] = {}
+    for name, value in list(namespace.items()):
+        kind = type(value)
+        signatures[name] = (id(value), len(value) if kind in _SIZED else -1)
+    return signatures
 
 
 class ActiveCell:
@@ -300,6 +314,9 @@ class CellTracker:
         self._run_counts: dict[str, int] = {}
         self._baseline: dict[str, HeldVariable] = {}
         self._baseline_label = ""
+        self._baseline_signatures: dict[str, tuple[int, int]] | None = None
+        self.walks = {"full": 0, "changed names": 0}
+        self.incremental = True  # automatic mode walks only the names whose value changed
         self._listeners: list[Callable[[CellRecord], None]] = []
         self._listening = False
         self._closed = False
@@ -364,8 +381,9 @@ class CellTracker:
         if stale is not None and not stale.finished:
             self.end(stale, error=RuntimeError("the end of this cell was never reported"))
         cell = ActiveCell(source, options, execution_count)
-        if options.attribute and namespace is not None:
-            cell.baseline = self._attribute(namespace, options.devices)
+        if options.attribute and options.mode == "magic" and namespace is not None:
+            cell.baseline = self._attribute(namespace, options.devices, None)
+            self._baseline_signatures = _signatures(namespace)
         source_ = self.monitor.source
         start = self.monitor.snapshot()
         self._ensure_sampling()
@@ -403,9 +421,11 @@ class CellTracker:
         namespace: Mapping[str, Any] | None = None,
         execution_count: int | None = None,
         options: CellOptions | None = None,
+        hidden: Mapping[str, Any] | None = None,
     ) -> CellRecord:
         """Finish measuring ``cell`` and record it. ``options`` may replace the ones given to begin
-        (a ``%%gpumem`` found inside an automatically measured cell), except for ``keep_peaks``."""
+        (a ``%%gpumem`` found inside an automatically measured cell), except for ``keep_peaks``.
+        ``hidden`` names references the host keeps for the user (``{"Out[7]": value}``)."""
         duration_s = time.perf_counter() - cell.started_perf_s
         end = self.monitor.snapshot()
         with self._lock:
@@ -430,7 +450,7 @@ class CellTracker:
         variables: tuple[VariableChange, ...] = ()
         variables_note = ""
         if devices and namespace is not None and self._should_attribute(options, devices):
-            variables, variables_note, graph = self._variable_changes(cell, namespace, options, count)
+            variables, variables_note, graph = self._variable_changes(cell, namespace, options, count, devices, hidden)
             warnings += graph
         elif not devices:
             variables_note = "no CUDA device in use"
@@ -651,19 +671,24 @@ class CellTracker:
             return options.attribute
         return any(abs(change.allocated_delta_bytes) >= self.attribute_threshold_bytes for change in devices)
 
-    def _find_holders(self, namespace: Mapping[str, Any], device: str) -> Any:
+    def _find_holders(self, namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
         from .holders import find_holders
 
-        return find_holders(namespace, device=device, source=self.monitor.source)
+        if names is None:
+            return find_holders(namespace, device=device, source=self.monitor.source)
+        return find_holders(namespace, device=device, source=self.monitor.source, names=names, include_hidden=False)
 
-    def _attribute(self, namespace: Mapping[str, Any], devices: tuple[int, ...] | None) -> _Attribution:
+    def _attribute(
+        self, namespace: Mapping[str, Any], devices: tuple[int, ...] | None, names: Collection[str] | None
+    ) -> _Attribution:
         device = f"cuda:{devices[0]}" if devices is not None and len(devices) == 1 else "cuda"
         try:
-            report = self.holder_finder(namespace, device)
+            report = self.holder_finder(namespace, device, names)
         except ImportError as error:
             return _Attribution({}, f"variable attribution unavailable: {error}", False)
         except Exception as error:
             return _Attribution({}, f"variable attribution failed: {type(error).__name__}: {error}", False)
+        self.walks["full" if names is None else "changed names"] += 1
         held = _held_variables(report)
         if devices is not None and len(devices) > 1:
             wanted = {f"cuda:{d}" for d in devices}
@@ -673,11 +698,57 @@ class CellTracker:
             note = "the namespace walk stopped early (too many objects); the list may be incomplete"
         return _Attribution({h.name: h for h in held}, note, True)
 
+    def _walk(
+        self,
+        namespace: Mapping[str, Any],
+        options: CellOptions,
+        devices: Sequence[DeviceChange],
+        hidden: Mapping[str, Any] | None,
+    ) -> _Attribution:
+        """Who holds what now. In automatic mode only the names whose value changed are walked, unless
+        that leaves most of the cell's growth unexplained (memory grew inside an unchanged object)."""
+        signatures = _signatures(namespace)
+        previous = self._baseline_signatures
+        self._baseline_signatures = signatures
+        if options.mode == "magic" or previous is None or not self.incremental:
+            return self._attribute(namespace, options.devices, None)
+        changed = [name for name, signature in signatures.items() if previous.get(name) != signature]
+        if len(changed) > MAX_CHANGED_NAMES:
+            return self._attribute(namespace, options.devices, None)
+        part = self._attribute(namespace, options.devices, changed)
+        if not part.ok:
+            return part
+        held = {
+            name: value
+            for name, value in self._baseline.items()
+            if (value.hidden or name in signatures) and name not in part.held and name not in changed
+        }
+        held.update(part.held)
+        if hidden:
+            extra = self._attribute(hidden, options.devices, list(hidden))
+            held.update({name: value._replace(hidden=True) for name, value in extra.held.items()})
+        growth = sum(max(change.allocated_delta_bytes, 0) for change in devices)
+        explained = sum(
+            max(value.nbytes - (self._baseline[name].nbytes if name in self._baseline else 0), 0)
+            for name, value in held.items()
+            if name in part.held or value.hidden
+        )
+        if growth >= self.attribute_threshold_bytes and explained < growth // 2:
+            return self._attribute(namespace, options.devices, None)
+        return _Attribution(held, part.note, True)
+
     def _variable_changes(
-        self, cell: ActiveCell, namespace: Mapping[str, Any], options: CellOptions, count: int | None
+        self,
+        cell: ActiveCell,
+        namespace: Mapping[str, Any],
+        options: CellOptions,
+        count: int | None,
+        devices: Sequence[DeviceChange],
+        hidden: Mapping[str, Any] | None,
     ) -> tuple[tuple[VariableChange, ...], str, list[CellWarning]]:
-        attribution = self._attribute(namespace, options.devices)
+        attribution = self._walk(namespace, options, devices, hidden)
         if not attribution.ok:
+            self._baseline_signatures = None
             return (), attribution.note, []
         if cell.baseline is not None and cell.baseline.ok:
             baseline, since, then = cell.baseline.held, "since the start of the cell", "at the start of the cell"
