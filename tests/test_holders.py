@@ -241,6 +241,49 @@ def test_hostile_objects_never_run_user_code() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
+def test_proxies_and_exception_properties_never_run() -> None:
+    calls: list[str] = []
+
+    class LazyProxy:
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            calls.append("__class__")
+            return torch.Tensor
+
+    class OddError(Exception):
+        @property
+        def args(self) -> Any:  # type: ignore[override]
+            calls.append("args")
+            return (torch.zeros(1000),)
+
+    error = OddError()
+    BaseException.__dict__["args"].__set__(error, (torch.zeros(7),))
+    report = cpu({"proxy": LazyProxy(), "error": error})
+    assert calls == []
+    assert {r.name: r.nbytes for r in report.holders} == {"error": 28}
+
+
+def test_a_failing_root_costs_only_its_own_completeness(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumem import holders as holders_module
+
+    class Fragile:
+        def __init__(self) -> None:
+            self.t = torch.zeros(5)
+
+    original = holders_module._Walker.attributes
+
+    def attributes(self: Any, obj: Any, *args: Any) -> None:
+        if type(obj) is Fragile:
+            raise RuntimeError("dictionary changed size during iteration")
+        original(self, obj, *args)
+
+    monkeypatch.setattr(holders_module._Walker, "attributes", attributes)
+    report = cpu({"a": torch.zeros(10), "fragile": Fragile(), "c": torch.zeros(20)})
+    assert {r.name for r in report.holders} == {"a", "c"}
+    assert report.truncated
+    assert report.truncation == ("fragile not fully walked (RuntimeError: dictionary changed size during iteration)",)
+
+
 def test_meta_sparse_quantized_nested_and_subclasses_do_not_crash() -> None:
     dense = torch.randn(20, 20)
     sparse = dense.to_sparse()

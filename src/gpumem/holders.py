@@ -237,6 +237,12 @@ _IPYTHON_NAME_RE = re.compile(r"^(_+|_\d+|_i+|_i\d+)$")
 
 _type_dict_cache: dict[type, tuple[bool, tuple[str, ...]]] = {}
 
+# BaseException's own attribute descriptors: reading through them never runs a subclass's property.
+_EXCEPTION_ARGS: Any = BaseException.__dict__["args"]
+_EXCEPTION_TRACEBACK: Any = BaseException.__dict__["__traceback__"]
+_EXCEPTION_CAUSE: Any = BaseException.__dict__["__cause__"]
+_EXCEPTION_CONTEXT: Any = BaseException.__dict__["__context__"]
+
 
 def _instance_layout(cls: type) -> tuple[bool, tuple[str, ...]]:
     """(has a plain instance ``__dict__``, slot names) for ``cls``, read from the class dicts only."""
@@ -362,29 +368,24 @@ class _Walker:
         self.truncation.append(f"{path} has {size:,} items; only the first {self.max_items:,} were looked at")
 
     # -- entry -------------------------------------------------------------------------------
-    def walk_root(self, root: _Root, obj: Any, path: str, rank: int) -> None:
-        self.root = root
-        self.visited = set()
-        self.visit(obj, path, 0, rank, TENSORS)
-
     def visit(self, obj: Any, path: str, depth: int, rank: int, category: str) -> None:
         cls = type(obj)
         if cls in _ATOMIC:
             return
         self._tick()
-        if isinstance(obj, self.tensor_type):
+        if issubclass(cls, self.tensor_type):
             self.tensor(obj, path, rank, category)
             return
         oid = id(obj)
         if oid in self.visited:
             return
-        if isinstance(obj, _OPAQUE) or _opaque_type(cls):
+        if issubclass(cls, _OPAQUE) or _opaque_type(cls):
             return
-        if self.module_type is not None and isinstance(obj, self.module_type):
+        if self.module_type is not None and issubclass(cls, self.module_type):
             self.visited.add(oid)
             self.module(obj, path, depth, rank)
             return
-        if self.optimizer_type is not None and isinstance(obj, self.optimizer_type):
+        if self.optimizer_type is not None and issubclass(cls, self.optimizer_type):
             self.visited.add(oid)
             self.optimizer(obj, path, depth, rank)
             return
@@ -394,34 +395,34 @@ class _Walker:
         self.visited.add(oid)
         child_depth = depth + 1
         child_rank = rank + 1
-        if isinstance(obj, dict):
+        if issubclass(cls, dict):
             self._items(dict.items(obj), dict.__len__(obj), path, child_depth, child_rank, category)
-        elif isinstance(obj, (list, tuple)):
-            base: Any = list if isinstance(obj, list) else tuple
+        elif issubclass(cls, (list, tuple)):
+            base: Any = list if issubclass(cls, list) else tuple
             size = base.__len__(obj)
             iterator = base.__iter__(obj)
             for index, item in enumerate(_capped(iterator, self.max_items)):
                 self.visit(item, f"{path}[{index}]", child_depth, child_rank, category)
             if size > self.max_items:
                 self._note_items(path, size)
-        elif isinstance(obj, (set, frozenset)):
-            base = set if isinstance(obj, set) else frozenset
+        elif issubclass(cls, (set, frozenset)):
+            base = set if issubclass(cls, set) else frozenset
             size = base.__len__(obj)
             for item in _capped(base.__iter__(obj), self.max_items):
                 self.visit(item, f"{path}{{...}}", child_depth, child_rank, category)
             if size > self.max_items:
                 self._note_items(path, size)
-        elif isinstance(obj, deque):
+        elif issubclass(cls, deque):
             size = deque.__len__(obj)
             for index, item in enumerate(_capped(deque.__iter__(obj), self.max_items)):
                 self.visit(item, f"{path}[{index}]", child_depth, child_rank, category)
             if size > self.max_items:
                 self._note_items(path, size)
-        elif isinstance(obj, BaseException):
+        elif issubclass(cls, BaseException):
             self.exception(obj, path, child_depth, child_rank)
-        elif isinstance(obj, types.TracebackType):
+        elif cls is types.TracebackType:
             self.traceback(obj, path, child_depth, child_rank)
-        elif self.ndarray_type is not None and isinstance(obj, self.ndarray_type):
+        elif self.ndarray_type is not None and issubclass(cls, self.ndarray_type):
             array: Any = obj
             if getattr(array, "dtype", None) is not None and array.dtype.kind == "O":
                 size = int(array.size)
@@ -467,15 +468,19 @@ class _Walker:
             self._note_items(path, size)
 
     def exception(self, error: BaseException, path: str, depth: int, rank: int) -> None:
-        for index, arg in enumerate(error.args):
-            self.visit(arg, f"{path}.args[{index}]", depth, rank, TENSORS)
+        """Arguments, attributes, traceback frames and chained exceptions, read through BaseException's slots."""
+        args = _EXCEPTION_ARGS.__get__(error)
+        if type(args) is tuple:
+            for index, arg in enumerate(args):
+                self.visit(arg, f"{path}.args[{index}]", depth, rank, TENSORS)
         own = _own_dict(error)
         if own is not None:
             self._attribute_items(own.items(), len(own), path, depth, rank, TENSORS)
-        if error.__traceback__ is not None:
-            self.traceback(error.__traceback__, f"{path}.__traceback__", depth, rank)
-        for link in ("__cause__", "__context__"):
-            chained = getattr(error, link)
+        tb = _EXCEPTION_TRACEBACK.__get__(error)
+        if type(tb) is types.TracebackType:
+            self.traceback(tb, f"{path}.__traceback__", depth, rank)
+        for link, descriptor in (("__cause__", _EXCEPTION_CAUSE), ("__context__", _EXCEPTION_CONTEXT)):
+            chained = descriptor.__get__(error)
             if chained is not None:
                 self.visit(chained, f"{path}.{link}", depth, rank, TENSORS)
 
@@ -562,12 +567,12 @@ class _Walker:
         if isinstance(state, dict):
             for param, entries in dict.items(state):
                 label = f"{path}.state[param {param_index.get(id(param), '?')}]"
-                param_keys = self.storage_keys(param) if isinstance(param, self.tensor_type) else []
+                param_keys = self.storage_keys(param) if issubclass(type(param), self.tensor_type) else []
                 if not isinstance(entries, dict):
                     self.visit(entries, label, depth + 2, rank + 1, OPTIMIZER_STATE)
                     continue
                 for name, value in dict.items(entries):
-                    if isinstance(value, self.tensor_type):
+                    if issubclass(type(value), self.tensor_type):
                         for key in self.tensor(value, f"{label}[{name!r}]", rank + 1, OPTIMIZER_STATE):
                             if param_keys:
                                 self.root.param_of_state[key] = param_keys[0][0]
@@ -782,7 +787,7 @@ def _last_error_name(objects: list[Any]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) -> list[Holder]:
+def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) -> list[tuple[bool, Holder]]:
     """Give every storage one owner (lowest rank, then the name reaching most, then namespace order)."""
     reach_total = {id(root): sum(sizes[key] for key in root.reach) for root in roots}
     owner: dict[tuple[str, int, int], _Root] = {}
@@ -816,7 +821,7 @@ def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) ->
     owned_keys: dict[int, list[tuple[str, int, int]]] = {}
     for key, holder in owner.items():
         owned_keys.setdefault(id(holder), []).append(key)
-    rows: list[Holder] = []
+    rows: list[tuple[bool, Holder]] = []
     for root in roots:
         owned = 0
         shared = 0
@@ -847,20 +852,23 @@ def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) ->
             verb = "still held by " if root.hidden else "counted under "
             notes.append(verb + ", ".join(partner_names[:3]))
         rows.append(
-            Holder(
-                name=root.name,
-                type_name=root.type_name,
-                device=",".join(sorted(devices)),
-                nbytes=owned,
-                shared_bytes=shared,
-                tensor_count=len(root.tensor_ids),
-                graph_paths=tuple(root.graph_paths),
-                breakdown=breakdown,
-                shared_with=partner_names,
-                note="; ".join(notes),
+            (
+                root.hidden,
+                Holder(
+                    name=root.name,
+                    type_name=root.type_name,
+                    device=",".join(sorted(devices)),
+                    nbytes=owned,
+                    shared_bytes=shared,
+                    tensor_count=len(root.tensor_ids),
+                    graph_paths=tuple(root.graph_paths),
+                    breakdown=breakdown,
+                    shared_with=partner_names,
+                    note="; ".join(notes),
+                ),
             )
         )
-    rows.sort(key=lambda row: (-row.nbytes, -row.shared_bytes, row.name))
+    rows.sort(key=lambda pair: (-pair[1].nbytes, -pair[1].shared_bytes, pair[1].name))
     return rows
 
 
@@ -928,22 +936,18 @@ def find_holders(
                 continue
             root = _Root(name, _type_name(value), order, hidden=False)
             roots.append(root)
-            walker.walk_root(root, value, name, 0)
+            _walk_guarded(walker, root, (value,), 0)
         if include_hidden and shell is not None:
             for order, ref in enumerate(hidden_references(shell)):
                 root = _Root(ref.name, _type_name(ref.objects[0]), len(items) + order, hidden=True, note=ref.note)
                 roots.append(root)
-                walker.root = root
-                walker.visited = set()
-                for obj in ref.objects:
-                    walker.visit(obj, ref.name, 0, _HIDDEN_RANK, TENSORS)
+                _walk_guarded(walker, root, ref.objects, _HIDDEN_RANK)
     except _OutOfTime:
         out_of_time = True
         walker.truncation.append(f"time budget {time_budget_s:g} s used up; later names were not walked")
     rows = _attribute(roots, walker.sizes)
-    hidden_names = {root.name for root in roots if root.hidden}
-    user_rows = [row for row in rows if row.name not in hidden_names]
-    hidden_rows = [row for row in rows if row.name in hidden_names]
+    user_rows = [row for hidden, row in rows if not hidden]
+    hidden_rows = [row for hidden, row in rows if hidden]
     total = sum(row.nbytes for row in user_rows)
     hidden_total = sum(row.nbytes for row in hidden_rows)
     allocated = _allocated_bytes(source, device_kind, device_index)
@@ -963,6 +967,19 @@ def find_holders(
         torch_loaded=True,
         cycles=cycle_report,
     )
+
+
+def _walk_guarded(walker: _Walker, root: _Root, objects: Iterable[Any], rank: int) -> None:
+    """Walk one root; an object that changes or fails under the walk costs that root's completeness only."""
+    walker.root = root
+    walker.visited = set()
+    try:
+        for obj in objects:
+            walker.visit(obj, root.name, 0, rank, TENSORS)
+    except _OutOfTime:
+        raise
+    except Exception as error:  # e.g. a dict resized by a running cell while a widget thread walks it
+        walker.truncation.append(f"{root.name} not fully walked ({type(error).__name__}: {error})")
 
 
 def holders(device: str | int | None = "cuda", **options: Any) -> HolderReport:

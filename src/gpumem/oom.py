@@ -240,7 +240,8 @@ def _advice(
     message: str,
 ) -> list[str]:
     advice: list[str] = []
-    if requested is not None and total is not None and requested > total:
+    too_large = requested is not None and total is not None and requested > total
+    if too_large and requested is not None and total is not None:
         advice.append(
             f"The request alone ({format_bytes(requested)}) is larger than the whole device "
             f"({format_bytes(total)}): no amount of freeing helps; use a smaller batch or shard the tensor."
@@ -266,10 +267,16 @@ def _advice(
                 f"IPython itself holds {format_bytes(hidden)} of tensors (output cache / last exception): "
                 f"`{FREE_COMMAND}` releases them."
             )
-        if report_holders.holders:
+        if report_holders.holders and report_holders.holders[0].nbytes and not too_large:
             top = report_holders.holders[0]
             advice.append(f"The largest holder is `{top.name}` ({format_bytes(top.nbytes)}): `del {top.name}` if done.")
-    if free_bytes is not None and requested is not None and free_bytes < requested and not fragmentation:
+    if (
+        free_bytes is not None
+        and requested is not None
+        and free_bytes < requested
+        and not fragmentation
+        and not too_large
+    ):
         advice.append(f"Then `{FREE_COMMAND}` returns what is freed to the driver.")
     return advice
 
@@ -302,20 +309,22 @@ def render_text(report: OomReport, *, limit: int = 5) -> str:
     lines = _summary_lines(report)
     holders = report.holders
     if holders is not None:
-        shown = [*holders.holders[:limit], *holders.hidden[:limit]]
+        named = [row for row in holders.holders if row.nbytes][:limit]
+        hidden = [row for row in holders.hidden if row.nbytes][:limit]
+        shown = [*named, *hidden]
         width = max((len(row.name) for row in shown), default=0)
         type_width = max((len(row.type_name) for row in shown), default=0)
-        if holders.holders:
+        if named:
             lines.append("  top holders:")
             lines.extend(
                 f"    {row.name:<{width}}  {row.type_name:<{type_width}}  {format_bytes(row.nbytes):>10}"
-                for row in holders.holders[:limit]
+                for row in named
             )
-        if holders.hidden:
+        if hidden:
             lines.append(f"  held by IPython (release with {FREE_COMMAND}):")
             lines.extend(
                 f"    {row.name:<{width}}  {row.type_name:<{type_width}}  {format_bytes(row.nbytes):>10}"
-                for row in holders.hidden[:limit]
+                for row in hidden
             )
     lines.extend(f"  - {item}" for item in report.advice)
     lines.append(f"  to free what IPython keeps and return the cache: {FREE_COMMAND}")
@@ -332,16 +341,18 @@ def render_html(report: OomReport, *, limit: int = 5) -> str:
         "<br>".join(_escape(line.strip()) for line in summary[1:]),
     ]
     holders = report.holders
-    if holders is not None and (holders.holders or holders.hidden):
+    named = [row for row in holders.holders if row.nbytes][:limit] if holders is not None else []
+    hidden = [row for row in holders.hidden if row.nbytes][:limit] if holders is not None else []
+    if named or hidden:
         parts.append("<table><tbody>")
-        for row in holders.holders[:limit]:
+        for row in named:
             parts.append(
                 f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
                 f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
             )
-        if holders.hidden:
+        if hidden:
             parts.append("<tr><td colspan=3><b>Held by IPython</b></td></tr>")
-            for row in holders.hidden[:limit]:
+            for row in hidden:
                 parts.append(
                     f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
                     f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
