@@ -344,6 +344,8 @@ def magic_free(shell: Any, line: str) -> None:
     """
     import importlib
 
+    from IPython.core.error import UsageError
+
     magic_args: Any = importlib.import_module("IPython.core.magic_arguments")
 
     def free_options(line: str) -> None:
@@ -355,7 +357,10 @@ def magic_free(shell: Any, line: str) -> None:
         magic_args.magic_arguments(),
     ):
         parser_owner = decorator(parser_owner)
-    options = magic_args.parse_argstring(parser_owner, line)
+    try:
+        options = magic_args.parse_argstring(parser_owner, line)
+    except UsageError as error:
+        raise UsageError(f"%gpumem free: {error}") from None
     result = free(deep=options.deep, shell=shell)
     display: Any = importlib.import_module("IPython.display").display
     display({"text/plain": result.describe()}, raw=True)

@@ -1283,7 +1283,10 @@ def _parse_who(line: str) -> Any:
         magic_args.magic_arguments(),
     ):
         parser_owner = decorator(parser_owner)
-    options = magic_args.parse_argstring(parser_owner, line)
+    try:
+        options = magic_args.parse_argstring(parser_owner, line)
+    except UsageError as error:
+        raise UsageError(f"%gpumem who: {error}") from None
     if options.depth < 1:
         raise UsageError(f"%gpumem who: --depth takes a whole number >= 1, got {options.depth}")
     try:
