@@ -1151,7 +1151,8 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
 
     lines = [f"Tensor memory held by names ({report.device}), walked in {report.elapsed_s * 1000:.0f} ms"]
     if not report.holders:
-        lines.append("  (no name holds tensor memory on this device)")
+        hint = " (`%gpumem who --device cpu` lists CPU tensors)" if report.device.startswith("cuda") else ""
+        lines.append(f"  no name holds tensor memory on {report.device}{hint}")
     for row in report.holders[:limit]:
         lines.extend(row_lines(row))
     if len(report.holders) > limit:
@@ -1208,6 +1209,8 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
             f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td><td style='text-align:left'>{notes}</td></tr>"
         )
 
+    if not report.holders:
+        parts.append(f"<tr><td colspan=5>no name holds tensor memory on {_escape(report.device)}</td></tr>")
     parts.extend(row_html(row) for row in report.holders[:limit])
     if len(report.holders) > limit:
         rest = sum(row.nbytes for row in report.holders[limit:])
