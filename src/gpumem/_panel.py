@@ -42,6 +42,7 @@ from ._panel_frame import (
     CurveFrame,
     PanelOptions,
     PeakTracker,
+    RecentSamples,
     build_curve_frame,
     build_header,
     curve_interval_s,
@@ -56,6 +57,7 @@ from ._panel_frame import (
 from .cleanup import FreeResult
 from .cleanup import free as free_memory
 from .monitor import Monitor, default_monitor
+from .sampler import channels_of
 from .sources import DeviceInfo, MemorySource, Snapshot
 
 __all__ = ["Panel", "PanelStats", "close_all", "open_panels"]
@@ -65,6 +67,8 @@ __all__ = ["Panel", "PanelStats", "close_all", "open_panels"]
 _UNREPORTED_VIEW_GRACE_S = 15.0
 _IDLE_WAIT_S = 1.0
 _ALL_DEVICES = -1
+# Raw samples kept in the panel's own numpy copy: the 1 min and 10 min windows read from it.
+_RECENT_SPAN_S = 660.0
 
 
 class PanelStats(NamedTuple):
@@ -408,14 +412,18 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         self._free_thread: threading.Thread | None = None
         self._last_free: FreeOutcome | None = None
         self._stats = PanelStats(0, 0, 0, 0, 0, 0.0, 0, False)
+        self._last_frame: CurveFrame | None = None
         self._error: str | None = None
         self._connect()
+        rate_hz = self._monitor.sampler.rate_hz
+        self._recent = RecentSamples(int(_RECENT_SPAN_S * rate_hz * 1.1) + 16)
         with _registry_lock:
             _open.append(self)
         self._monitor.sampler.add_listener(self._on_sample)
+        self._recent.seed(self._monitor.timeline, time.monotonic(), _RECENT_SPAN_S)
         # The figures at opening: the baseline of "peak since open" and a header before the first tick.
         with contextlib.suppress(Exception):
-            self._on_sample(self._monitor.snapshot())
+            self._note_snapshot(self._monitor.snapshot())
         _writer.add(self)
 
     # Building -----------------------------------------------------------------------------------
@@ -617,7 +625,11 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         self._post(("views",))
 
     def _on_sample(self, snapshot: Snapshot) -> None:
-        """Sampler thread: keep the latest snapshot and the peaks since open up to date."""
+        """Sampler thread: keep the latest snapshot, recent samples and the peaks since open up to date."""
+        self._recent.append(snapshot.monotonic_s, channels_of(snapshot))
+        self._note_snapshot(snapshot)
+
+    def _note_snapshot(self, snapshot: Snapshot) -> None:
         with self._data_lock:
             self._latest = snapshot
             for reading in snapshot.allocator:
@@ -819,8 +831,11 @@ class Panel(widgets.VBox):  # type: ignore[misc]
 
     def _push_curves(self, now: float) -> float:
         wall_offset = time.time() - time.monotonic()
-        frame = build_curve_frame(self._monitor.timeline, self._options, now, wall_offset, self._capacities())
+        frame = build_curve_frame(
+            self._monitor.timeline, self._options, now, wall_offset, self._capacities(), self._recent
+        )
         self._apply_frame(frame)
+        self._last_frame = frame
         interval = curve_interval_s(self._options, frame.payload_bytes)
         self._stats = self._stats._replace(
             curve_pushes=self._stats.curve_pushes + 1,

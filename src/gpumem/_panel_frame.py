@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -33,10 +34,12 @@ __all__ = [
     "HostFigures",
     "PanelOptions",
     "PeakTracker",
+    "RecentSamples",
     "build_curve_frame",
     "build_header",
     "choose_curves",
     "curve_interval_s",
+    "decimate_arrays",
     "nice_axis",
     "parse_device",
     "parse_rate",
@@ -605,6 +608,131 @@ def _unit_for(max_bytes: float) -> tuple[str, int]:
     return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
 
 
+def decimate_arrays(times: np.ndarray, data: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorized min/max decimation: at most ``max_points`` per line, every bucket's extremes kept.
+
+    Like :func:`gpumem.timeline.decimate_min_max`: each bucket becomes two points, its lowest and
+    highest value in the order they occurred, at the bucket's first and middle time.
+    """
+    count = times.size
+    if count <= max_points:
+        return times, data
+    buckets = max_points // 2
+    size = -(-count // buckets)
+    padded = buckets * size
+    starts = np.arange(buckets) * size
+    keep = starts < count
+    starts = starts[keep]
+    lines = data.shape[0]
+    grid = np.full((lines, padded), np.nan)
+    grid[:, :count] = data
+    grid = grid.reshape(lines, buckets, size)[:, keep, :]
+    empty = np.all(np.isnan(grid), axis=2)
+    low_at = np.argmin(np.where(np.isnan(grid), np.inf, grid), axis=2)
+    high_at = np.argmax(np.where(np.isnan(grid), -np.inf, grid), axis=2)
+    low = np.take_along_axis(grid, low_at[..., None], axis=2)[..., 0]
+    high = np.take_along_axis(grid, high_at[..., None], axis=2)[..., 0]
+    low[empty] = np.nan
+    high[empty] = np.nan
+    low_first = low_at <= high_at
+    out = np.empty((lines, starts.size * 2))
+    out[:, 0::2] = np.where(low_first, low, high)
+    out[:, 1::2] = np.where(low_first, high, low)
+    middles = np.minimum(starts + size // 2, count - 1)
+    out_times = np.empty(starts.size * 2)
+    out_times[0::2] = times[starts]
+    out_times[1::2] = times[middles]
+    return out_times, out
+
+
+class RecentSamples:
+    """The newest raw samples of every channel in numpy rings, fed from the sampler's listener.
+
+    The timeline answers any window but reads it row by row in Python; a panel pushing a 10-minute
+    window about once a second would hold the GIL for ~10 ms each time. This copy makes that read a
+    few numpy operations. It starts with the timeline's recent raw samples, so it can tell whether a
+    window's start is within what it holds.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._lock = threading.Lock()
+        self.capacity = max(16, int(capacity))
+        self._times = np.full(self.capacity, np.nan)
+        self._rows: dict[str, int] = {}
+        self._values = np.full((0, self.capacity), np.nan)
+        self._head = 0
+        self._count = 0
+        self._complete_from = math.inf  # everything the timeline has from here on is held
+
+    def seed(self, timeline: Timeline, now_s: float, span_s: float) -> None:
+        """Copy the timeline's raw samples of the last ``span_s`` seconds."""
+        start = now_s - span_s
+        series = timeline.window(start, now_s, max_points=self.capacity)
+        older = timeline.window(-math.inf, start, max_points=4)
+        with self._lock:
+            # Samples the listener added meanwhile are newer than the seed: put the seed before them.
+            order = (np.arange(self._count) + self._head - self._count) % self.capacity
+            newer_times = self._times[order]
+            newer = [{name: self._values[row, slot] for name, row in self._rows.items()} for slot in order]
+            first_newer = float(newer_times[0]) if newer_times.size else math.inf
+            self._head = self._count = 0
+            for index, time_s in enumerate(series.times):
+                if time_s < first_newer:
+                    self._append_locked(time_s, {name: column[index] for name, column in series.values.items()})
+            for time_s, values in zip(newer_times.tolist(), newer, strict=True):
+                self._append_locked(time_s, values)
+            oldest = self._oldest_locked()
+            self._complete_from = -math.inf if not older.times else (oldest if oldest is not None else now_s)
+
+    def append(self, time_s: float, values: Mapping[str, float]) -> None:
+        with self._lock:
+            self._append_locked(time_s, values)
+
+    def _append_locked(self, time_s: float, values: Mapping[str, float]) -> None:
+        if self._count and time_s <= self._times[(self._head - 1) % self.capacity]:
+            return
+        for name in values:
+            if name not in self._rows:
+                self._rows[name] = len(self._rows)
+                self._values = np.vstack([self._values, np.full((1, self.capacity), np.nan)])
+        slot = self._head
+        self._times[slot] = time_s
+        self._values[:, slot] = np.nan
+        for name, value in values.items():
+            self._values[self._rows[name], slot] = value
+        self._head = (slot + 1) % self.capacity
+        if self._count == self.capacity:
+            self._complete_from = max(self._complete_from, self._times[self._head])
+        self._count = min(self._count + 1, self.capacity)
+
+    def _oldest_locked(self) -> float | None:
+        if not self._count:
+            return None
+        return float(self._times[(self._head - self._count) % self.capacity])
+
+    def covers(self, start_s: float) -> bool:
+        """True when every sample the timeline has from ``start_s`` on is held here."""
+        with self._lock:
+            return self._count > 0 and start_s >= self._complete_from
+
+    def window(
+        self, start_s: float, end_s: float, max_points: int, channels: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            order = (np.arange(self._count) + self._head - self._count) % self.capacity
+            times = self._times[order]
+            lo = int(np.searchsorted(times, start_s, side="left"))
+            hi = int(np.searchsorted(times, end_s, side="right"))
+            picked = order[lo:hi]
+            times = self._times[picked]
+            data = np.full((len(channels), picked.size), np.nan)
+            for line, name in enumerate(channels):
+                row = self._rows.get(name)
+                if row is not None:
+                    data[line] = self._values[row, picked]
+        return decimate_arrays(times, data, max_points)
+
+
 def nice_axis(top: float, target: int = 5) -> tuple[float, tuple[float, ...]]:
     """An axis from 0 covering ``top``: round steps (1, 2, 2.5 or 5 times a power of ten) and its ticks."""
     if not (top > 0 and math.isfinite(top)):
@@ -623,19 +751,25 @@ def build_curve_frame(
     now_s: float,
     wall_offset_s: float,
     capacities: Mapping[int, int],
+    recent: RecentSamples | None = None,
 ) -> CurveFrame:
-    """Read the window from the timeline, min/max-decimated to ``options.points_per_line``.
+    """Read the window, min/max-decimated to ``options.points_per_line``.
 
-    ``wall_offset_s`` turns monotonic seconds into wall-clock seconds (for a time-of-day axis);
-    ``capacities`` maps device index to total bytes.
+    From ``recent`` when it holds the whole window (cheap), else from the timeline. ``wall_offset_s``
+    turns monotonic seconds into wall-clock seconds (for a time-of-day axis); ``capacities`` maps
+    device index to total bytes.
     """
     curves = choose_curves(timeline.channels, options.device, options.show_host)
     start = -math.inf if options.window_s is None else now_s - options.window_s
     points = max(4, min(options.points_per_line, MAX_POINTS_PER_LINE))
-    series = timeline.window(start, now_s, points)
-    times = np.asarray(series.times, dtype=np.float64)
-    rows = [np.asarray(series.values.get(c.channel, [math.nan] * len(times)), dtype=np.float64) for c in curves]
-    data = np.vstack(rows) if rows else np.zeros((0, len(times)))
+    channels = [c.channel for c in curves]
+    if recent is not None and recent.covers(start):
+        times, data = recent.window(start, now_s, points, channels)
+    else:
+        series = timeline.window(start, now_s, points)
+        times = np.asarray(series.times, dtype=np.float64)
+        rows = [np.asarray(series.values.get(c, [math.nan] * len(times)), dtype=np.float64) for c in channels]
+        data = np.vstack(rows) if rows else np.zeros((0, len(times)))
     finite = data[np.isfinite(data)]
     data_max = float(finite.max()) if finite.size else 0.0
     shown_devices = sorted({int(c.channel.split("/")[0][5:]) for c in curves if c.channel.startswith("cuda:")})
