@@ -235,7 +235,8 @@ def main() -> None:
         if "bytes_per_s" in r:
             lines.append(
                 f"| {r['scenario']} | {r['bytes_per_s'] / 1000:.1f} | {r['messages_per_s']:.1f} | "
-                f"{r['curve_pushes_per_s']:.2f} | {r['points_per_line']} | {r['lines']} | {r['writer_cpu_ms_per_s']:.1f} |"
+                f"{r['curve_pushes_per_s']:.2f} | {r['points_per_line']} | {r['lines']} | "
+                f"{r['writer_cpu_ms_per_s']:.1f} |"
             )
     steps = [r for r in results if "steps_per_s" in r]
     if steps:
