@@ -23,6 +23,7 @@ from gpumem._panel import Panel, close_all
 from gpumem._panel_frame import (
     PanelOptions,
     PeakTracker,
+    RecentSamples,
     build_curve_frame,
     curve_interval_s,
     nice_axis,
@@ -337,6 +338,38 @@ def test_lines_stay_within_2k_points_and_keep_every_peak() -> None:
         assert float(frame.y[0].min()) == pytest.approx(1.0)
     frame = build_curve_frame(timeline, PanelOptions(window_s=600), now, 0.0, {})
     assert frame.points_per_line <= 1000
+
+
+def test_recent_samples_agree_with_the_timeline() -> None:
+    timeline = Timeline()
+    now = time.monotonic()
+    rows = [(now - 700 + i * 0.1, {"a": float((i * 37) % 101), "b": float(i)}) for i in range(7000)]
+    rows[5555] = (rows[5555][0], {"a": 5000.0, "b": 5555.0})  # one spike
+    for time_s, values in rows[:3000]:
+        timeline.append(time_s, values)
+    recent = RecentSamples(8000)
+    recent.seed(timeline, rows[2999][0], 660)
+    for time_s, values in rows[3000:]:
+        timeline.append(time_s, values)
+        recent.append(time_s, values)
+    assert recent.covers(-math.inf)  # the timeline holds nothing older than the copy
+    end = rows[-1][0]
+    for start in (end - 30, end - 600):
+        raw_times, raw = recent.window(start, end, 100_000, ["a", "b"])
+        series = timeline.window(start, end, 100_000)
+        assert raw_times.tolist() == series.times
+        assert raw[1].tolist() == series.values["b"]
+        times, data = recent.window(start, end, 1000, ["a", "b", "missing"])
+        assert times.size <= 1000 and data.shape == (3, times.size)
+        assert np.nanmax(data[0]) == max(series.values["a"])
+        assert np.nanmin(data[1]) == min(series.values["b"]) and np.nanmax(data[1]) == max(series.values["b"])
+        assert np.all(np.isnan(data[2]))
+        assert np.all(np.diff(times) >= 0)
+    small = RecentSamples(100)
+    small.seed(timeline, end, 660)
+    for i in range(1, 151):  # the ring wraps: older samples are gone
+        small.append(end + i * 0.1, {"a": 1.0})
+    assert small.covers(end + 10) and not small.covers(end - 600) and not small.covers(end)
 
 
 # ------------------------------------------------------------------------------------------------
