@@ -6,7 +6,7 @@ Fixtures (re-exported by ``tests/conftest.py``, so any test can request them by 
 ``jupyter_env``        (session) isolated Jupyter dirs + a ``python3`` kernelspec running ``sys.executable``
 ``jupyter_server``     (session) a running ``jupyter lab`` server -> :class:`JupyterServer`
 ``notebook_server``    (session) a running Notebook 7 (``jupyter notebook``) server -> :class:`JupyterServer`
-``browser``            (session) Playwright ``Browser`` on Debian's chromium (skips when chromium is absent)
+``browser``            (module) Playwright ``Browser`` on Debian's chromium (skips when chromium is absent)
 ``browser_page``       a fresh Playwright ``Page`` (own context); screenshot + console log saved on failure
 ``artifacts_dir``      ``pathlib.Path`` of ``test-artifacts/`` (``$GPUMEM_TEST_ARTIFACTS`` overrides)
 
@@ -659,7 +659,10 @@ def chromium_path() -> str | None:
     return os.environ.get("GPUMEM_CHROMIUM") or shutil.which("chromium")
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API leaves its asyncio loop marked as running in this
+# thread while it is open, which breaks IPython's top-level ``await`` and other asyncio users in
+# tests that run later. Closing it at the end of each browser-test module keeps that contained.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     exe = chromium_path()
     if exe is None:

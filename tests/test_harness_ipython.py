@@ -100,3 +100,13 @@ def test_cuda_is_usable() -> None:
 
     x = torch.ones(1024, device="cuda")
     assert torch.cuda.memory_allocated() >= x.numel() * 4
+
+
+def test_no_event_loop_left_running_by_earlier_tests(ip: Any) -> None:
+    # Browser tests (which run before this module) must not leave Playwright's loop marked running.
+    import asyncio
+
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
+    result, _cap = run_cell_capture(ip, "import asyncio\nawait asyncio.sleep(0)\n'awaited'")
+    assert result.success and result.result == "awaited"
