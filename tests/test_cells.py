@@ -121,6 +121,31 @@ def test_user_reset_inside_the_cell_is_detected(tracker: CellTracker, fake: Fake
     assert [w.kind for w in record.warnings] == ["peak-reset"]
 
 
+def test_reset_through_torch_is_counted_even_after_an_unsampled_spike(
+    tracker: CellTracker, fake: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    # The CPU build has no CUDA reset; stand in for it with one that resets the fake allocator.
+    monkeypatch.setattr(torch._C, "_cuda_resetPeakMemoryStats", lambda d: fake.reset_peaks([d]), raising=False)
+    fake.allocate(1 * GIB)
+
+    def body() -> None:
+        fake.transient(4 * GIB)  # nothing samples this spike
+        torch._C._cuda_resetPeakMemoryStats(0)  # what torch.cuda.reset_peak_memory_stats(0) calls
+        fake.allocate(2 * GIB)
+
+    record = run(tracker, "spike, then reset", body)
+    (change,) = record.devices
+    # Every reading is consistent with an exact 3 GiB peak; only the count of resets shows it is not.
+    assert not change.peak_exact and change.peak_note == PEAK_RESET_NOTE
+    assert change.peak_allocated_bytes == 3 * GIB  # the counter since the reset: a lower bound
+    assert [w.kind for w in record.warnings] == ["peak-reset"]
+    record = run(tracker, "next cell", lambda: fake.transient(GIB))
+    assert record.devices[0].peak_exact  # the tracker's own reset at the cell start is not counted
+    tracker.close()
+    assert torch._C._cuda_resetPeakMemoryStats.__name__ == "<lambda>"  # unwrapped again
+
+
 def test_keep_peaks_does_not_reset_and_labels_the_bound(tracker: CellTracker, fake: FakeSource) -> None:
     fake.allocate(1 * GIB)
     fake.transient(4 * GIB)  # the user's own peak so far: 5 GiB

@@ -131,6 +131,20 @@ def test_reset_inside_the_cell_is_reported(gpu: Any) -> None:
     assert "peak counter was reset inside the cell" in cap.outputs[-1].data["text/html"]
 
 
+def test_reset_after_an_unsampled_spike_is_reported(gpu: Any) -> None:
+    assert gpu.run_cell("base = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')").success
+    cell = (
+        "%%gpumem\n"
+        "spike = torch.empty(4 << 30, dtype=torch.uint8, device='cuda:0'); del spike\n"
+        "torch.cuda.reset_peak_memory_stats(0)\n"
+        "more = torch.empty(2 << 30, dtype=torch.uint8, device='cuda:0')"
+    )
+    assert run_cell_capture(gpu, cell)[0].success
+    change = device0(last())
+    assert not change.peak_exact and "reset inside the cell" in change.peak_note
+    assert change.peak_above_start_bytes >= 2 * GIB  # a lower bound; the true peak was 4 GiB above start
+
+
 def test_out_of_memory_is_recorded(gpu: Any) -> None:
     result, _cap = run_cell_capture(gpu, "%%gpumem\nhuge = torch.empty(1 << 50, dtype=torch.uint8, device='cuda:0')")
     assert not result.success
@@ -141,6 +155,7 @@ def test_out_of_memory_is_recorded(gpu: Any) -> None:
 
 _FRESH = r"""
 import json, sys
+import torch
 from IPython.core.interactiveshell import InteractiveShell
 ip = InteractiveShell.instance()
 ip.run_line_magic("load_ext", "gpumem")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -183,7 +184,11 @@ def test_loading_imports_no_widget_pandas_or_torch() -> None:
         "('ipywidgets', 'bqplot', 'pandas', 'torch', 'numpy'))\n"
         "print(heavy)\n"
     )
-    env = {"PYTHONPATH": SRC, "IPYTHONDIR": str(Path(SRC).parent / ".pytest_cache" / "ipython"), "PATH": ""}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")])),
+        "IPYTHONDIR": str(Path(SRC).parent / ".pytest_cache" / "ipython"),
+        "PATH": "",
+    }
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import statistics
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -219,6 +220,7 @@ class ActiveCell:
         self.started_perf_s = 0.0
         self.start: Snapshot | None = None
         self.reset_devices: frozenset[int] = frozenset()
+        self.resets_at_start: dict[int | None, int] = {}
         self.baseline: _Attribution | None = None
         self.sampled_allocated: dict[int, int] = {}
         self.sampled_reserved: dict[int, int] = {}
@@ -236,6 +238,48 @@ class ActiveCell:
                     self.sampled_reserved[reading.device] = reading.reserved_bytes
             if snapshot.host is not None and snapshot.host.rss_bytes > self.sampled_rss:
                 self.sampled_rss = snapshot.host.rss_bytes
+
+
+class _PeakResetCounter:
+    """Counts, per device, calls that reset PyTorch's allocator peak counters.
+
+    ``torch.cuda.reset_peak_memory_stats`` (and ``reset_max_memory_allocated``, built on it) call
+    ``torch._C._cuda_resetPeakMemoryStats`` by name each time; a counting wrapper around that one
+    function tells for certain whether the user's code reset a counter during a cell. Installed only
+    once torch is imported and built with CUDA; removed again by :meth:`uninstall`.
+    """
+
+    _NAME = "_cuda_resetPeakMemoryStats"
+
+    def __init__(self) -> None:
+        self.calls: dict[int | None, int] = {}
+        self._module: Any = None
+        self._original: Any = None
+        self._wrapper: Any = None
+
+    def install(self) -> None:
+        module = getattr(sys.modules.get("torch"), "_C", None)
+        current = getattr(module, self._NAME, None)
+        if current is None or (current is self._wrapper and module is self._module):
+            return
+        original = current
+
+        def counting_reset(*args: Any, **kwargs: Any) -> Any:
+            device = args[0] if args and isinstance(args[0], int) else None
+            self.calls[device] = self.calls.get(device, 0) + 1
+            return original(*args, **kwargs)
+
+        setattr(module, self._NAME, counting_reset)
+        self._module, self._original, self._wrapper = module, original, counting_reset
+
+    def uninstall(self) -> None:
+        if self._module is not None and getattr(self._module, self._NAME, None) is self._wrapper:
+            setattr(self._module, self._NAME, self._original)
+        self._module = self._original = self._wrapper = None
+
+    def count(self, device: int) -> int:
+        """Resets that may have touched ``device`` (a call without a device index counts for all)."""
+        return self.calls.get(device, 0) + self.calls.get(None, 0)
 
 
 def first_line_of(source: str, limit: int = 80) -> str:
@@ -317,6 +361,7 @@ class CellTracker:
         self._baseline_signatures: dict[str, tuple[int, int]] | None = None
         self.walks = {"full": 0, "changed names": 0}
         self.incremental = True  # automatic mode walks only the names whose value changed
+        self._resets = _PeakResetCounter()
         self._listeners: list[Callable[[CellRecord], None]] = []
         self._listening = False
         self._closed = False
@@ -364,6 +409,7 @@ class CellTracker:
         if self.started_sampler:
             self.monitor.stop()
             self.started_sampler = False
+        self._resets.uninstall()
         self._active = None
 
     # Measuring ------------------------------------------------------------------------------------
@@ -405,6 +451,8 @@ class CellTracker:
                     reset = []
         cell.start = start
         cell.reset_devices = frozenset(reset)
+        self._resets.install()
+        cell.resets_at_start = dict(self._resets.calls)
         cell.take_sample(start)
         if execution_count is not None:
             self.monitor.mark(f"[{execution_count}]", start.monotonic_s)
@@ -550,7 +598,14 @@ class CellTracker:
                 and before.peak_reserved_bytes == before.reserved_bytes
             )
         )
-        if counter_is_cells:
+        before_resets = cell.resets_at_start.get(device, 0) + cell.resets_at_start.get(None, 0)
+        reset_in_cell = self._resets.count(device) > before_resets
+        if reset_in_cell:
+            # What the counter says now happened after the reset, inside the cell: a lower bound too.
+            exact, note = False, PEAK_RESET_NOTE
+            sampled_allocated = max(sampled_allocated, after.peak_allocated_bytes)
+            sampled_reserved = max(sampled_reserved, after.peak_reserved_bytes)
+        elif counter_is_cells:
             exact = counter_consistent
             note = "" if exact else PEAK_RESET_NOTE
         else:

@@ -325,9 +325,12 @@ class HistoryTable:
             rows.append(row)
         return header, rows
 
+    def _empty_text(self) -> str:
+        return f"None of the {self.total} measured cells shown." if self.total else "No measured cells yet."
+
     def _repr_html_(self) -> str:
         if not self.records:
-            return '<div class="gpumem-report">No measured cells yet.</div>'
+            return f'<div class="gpumem-report">{self._empty_text()}</div>'
         header, rows = self._columns()
         e = html.escape
         parts = [_STYLE, '<div class="gpumem-report"><table><thead><tr>']
@@ -347,7 +350,7 @@ class HistoryTable:
 
     def __repr__(self) -> str:
         if not self.records:
-            return "No measured cells yet."
+            return self._empty_text()
         header, rows = self._columns()
         widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header) - 1)]
         lines = ["  ".join(name.ljust(width) for name, width in zip(header, widths, strict=False)) + "  first line"]
