@@ -90,7 +90,7 @@ _STYLE = """<style>
  font-family:var(--jp-ui-font-family,system-ui,-apple-system,'Segoe UI',sans-serif);box-sizing:border-box}
 .gpumem-panel .gm-title{font-weight:600;font-size:13px;margin:0 0 4px}
 .gpumem-panel .gm-cards{display:flex;flex-wrap:wrap;gap:6px;margin-top:6px}
-.gpumem-panel .gm-card{flex:1 1 104px;min-width:96px;padding:3px 8px 4px;border-radius:4px;
+.gpumem-panel .gm-card{flex:1 1 86px;min-width:78px;padding:3px 7px 4px;border-radius:4px;
  background:var(--jp-layout-color2,#f3f4f6);border-left:3px solid var(--jp-border-color2,#d1d5db)}
 .gpumem-panel .gm-c-a{border-left-color:#2563eb}.gpumem-panel .gm-c-r{border-left-color:#7fb0f5}
 .gpumem-panel .gm-c-u{border-left-color:#6b7280}
@@ -102,7 +102,7 @@ body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert .gm-label,
 body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert .gm-sub,
 body[data-jp-theme-light="false"] .gpumem-panel .gm-row-alert td,
 body[data-jp-theme-light="false"] .gpumem-panel .gm-err{color:#f87171}
-.gpumem-panel .gm-value{font-size:16px;font-weight:600;white-space:nowrap;font-variant-numeric:tabular-nums}
+.gpumem-panel .gm-value{font-size:15px;font-weight:600;white-space:nowrap;font-variant-numeric:tabular-nums}
 .gpumem-panel .gm-sub{font-size:10.5px;color:var(--jp-ui-font-color2,#6b7280);white-space:nowrap}
 .gpumem-panel .gm-bar{position:relative;display:flex;height:8px;border-radius:4px;margin:4px 0 2px;
  background:var(--jp-layout-color3,#e5e7eb)}
@@ -354,7 +354,9 @@ class Panel(widgets.VBox):  # type: ignore[misc]
     """Live GPU memory: curves per device, a header of current figures, and a Free button.
 
     ``Panel()`` in a notebook cell (or ``%gpumem monitor``) shows it. Every panel reads the shared
-    monitor, so several panels cost one sampler; ``close()`` releases what the panel holds.
+    monitor, so several panels cost one sampler; ``close()`` releases what the panel holds. ``window``,
+    ``device``, ``threshold`` and ``rate_hz`` take what ``%gpumem monitor`` takes; ``compact`` suits
+    a narrow sidebar; ``autostart=False`` leaves the sampler to the caller (tests sample by hand).
     """
 
     def __init__(
@@ -369,6 +371,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         full_scale: bool = False,
         points_per_line: int = DEFAULT_POINTS_PER_LINE,
         autostart: bool = True,
+        compact: bool = False,
         shell: Any = None,
     ) -> None:
         options = PanelOptions(
@@ -382,7 +385,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         )
         if not 4 <= options.points_per_line <= 2000:
             raise ValueError(f"points_per_line must be between 4 and 2000, not {points_per_line!r}")
-        built = self._build(options)
+        built = self._build(options, compact)
         super().__init__(children=built, _view_count=0)
         self.add_class("gpumem-panel")
         self.layout.width = "100%"
@@ -427,7 +430,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         _writer.add(self)
 
     # Building -----------------------------------------------------------------------------------
-    def _build(self, options: PanelOptions) -> list[Any]:
+    def _build(self, options: PanelOptions, compact: bool) -> list[Any]:
         self._style = widgets.HTML(_STYLE, layout=widgets.Layout(display="none"))
         self._header = widgets.HTML(
             '<div class="gm-header"><div class="gm-note">Waiting for the first sample.</div></div>'
@@ -436,7 +439,9 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         self._x_scale = bqplot.DateScale()
         self._y_scale = bqplot.LinearScale(min=0.0, max=1.0)
         scales = {"x": self._x_scale, "y": self._y_scale}
-        self._x_axis = bqplot.Axis(scale=self._x_scale, tick_format="%H:%M:%S", grid_lines="none")
+        self._x_axis = bqplot.Axis(
+            scale=self._x_scale, tick_format="%H:%M:%S", grid_lines="none", num_ticks=3 if compact else 5
+        )
         self._y_axis = bqplot.Axis(
             scale=self._y_scale,
             side="left",
@@ -467,24 +472,24 @@ class Panel(widgets.VBox):  # type: ignore[misc]
             display_toolbar=False,
             min_aspect_ratio=0.0,
             max_aspect_ratio=100.0,
-            layout=widgets.Layout(width="100%", height="250px", min_width="320px"),
+            layout=widgets.Layout(width="100%", height="250px", min_width="180px"),
         )
-        compact = {"width": "auto"}
+        auto_width = {"width": "auto"}
         self._free_button = widgets.Button(
-            description="Free", icon="broom", tooltip=_FREE_HELP, button_style="primary", layout=compact
+            description="Free", icon="broom", tooltip=_FREE_HELP, button_style="primary", layout=auto_width
         )
         self._deep = widgets.Checkbox(
             value=False, description="deep", indent=False, tooltip=_DEEP_HELP,
             layout=widgets.Layout(width="auto", margin="0 12px 0 4px"),
         )  # fmt: skip
         self._pause_button = widgets.Button(
-            description="Pause", icon="pause", tooltip="Freeze the panel (sampling goes on)", layout=compact
+            description="Pause", icon="pause", tooltip="Freeze the panel (sampling goes on)", layout=auto_width
         )
         self._reset_button = widgets.Button(
             description="Reset peak",
             icon="undo",
             tooltip="Restart 'peak since open' from now (PyTorch's own peak counters are left alone)",
-            layout=compact,
+            layout=auto_width,
         )
         presets = [label for label, _ in WINDOW_PRESETS]
         current = window_label(options.window_s)

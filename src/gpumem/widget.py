@@ -86,7 +86,7 @@ def sidebar_panel(**options: Any) -> Panel:
     with _sidebar_lock:
         if _sidebar is not None and not _sidebar.closed and not options:
             return _sidebar
-        previous, _sidebar = _sidebar, Panel(**options)
+        previous, _sidebar = _sidebar, Panel(compact=True, **options)
         panel = _sidebar
     if previous is not None and not previous.closed:
         previous.close()
