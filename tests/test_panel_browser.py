@@ -53,6 +53,12 @@ _PLOT_HEIGHT_JS = """(selector) => {
 }"""
 
 
+_SVG_TEXT_JS = """(selector) => {
+    const panel = document.querySelector(selector);
+    return panel ? [...panel.querySelectorAll('svg text')].map(t => t.textContent).join(' ') : '';
+}"""
+
+
 def _points(d: str) -> list[tuple[float, float]]:
     numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", d)]
     return list(zip(numbers[0::2], numbers[1::2], strict=False))
@@ -147,6 +153,11 @@ def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) 
         page,
     )
     assert "GiB" in header.inner_text()
+    # A measured cell puts a marker labelled with its execution count on the plot.
+    measured = run_cell(page, "%%gpumem\nsmall = np.zeros(1000)")
+    count = re.search(r"\[\s*(\d+)\s*\]", str(measured.locator(".jp-InputPrompt").first.inner_text()))
+    assert count is not None
+    _wait_for(lambda: f"[{count.group(1)}]" in page.evaluate(_SVG_TEXT_JS, PANEL), 20, "the cell marker", page)
     page.locator(PANEL).first.scroll_into_view_if_needed()
     save_screenshot(page, "panel_jupyterlab_allocated")
 
@@ -210,3 +221,16 @@ def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) 
     )
     assert shown_bytes > 0, "no widget updates were seen while the panel was shown"
     assert hidden_bytes == 0, f"{hidden_bytes} bytes of widget updates were sent with no view shown"
+
+
+def test_panel_in_notebook7(notebook_server: JupyterServer, browser_page: Page) -> None:
+    page = browser_page
+    notebook_server.make_notebook("panel_nb7.ipynb", [""])
+    open_notebook(page, notebook_server, "panel_nb7.ipynb")
+    run_cell(page, "import gpumem.widget as gw\ngw.Panel(window='1min', host=True)")
+    page.locator(PANEL).first.wait_for(state="visible")
+    _wait_for(lambda: len(_host_line(page)) >= 4, 30, "the host RSS curve in Notebook 7", page)
+    assert "process RSS" in page.locator(f"{PANEL} .gm-header").first.inner_text()
+    page.locator(f"{PANEL} button", has_text="Free").first.click()
+    _wait_for(lambda: _message(page).startswith("Freed"), 30, "Free's message in Notebook 7", page)
+    page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "panel_notebook7.png"))
