@@ -745,22 +745,15 @@ class Panel(widgets.VBox):  # type: ignore[misc]
                 for tracker in self._device_peaks.values():
                     tracker.reset()
                 self._host_peak.reset()
-                if self._latest is not None:
-                    self._on_sample_locked_reset(self._latest)
+                latest = self._latest
+            if latest is not None:
+                self._note_snapshot(latest)  # the new baseline
             self._next_header = 0.0
         elif kind == "options":
             self._read_options()
         elif kind == "views":
             self._curves_dirty = True
             self._next_header = 0.0
-
-    def _on_sample_locked_reset(self, snapshot: Snapshot) -> None:
-        for reading in snapshot.allocator:
-            self._device_peaks.setdefault(reading.device, PeakTracker()).update(
-                reading.allocated_bytes, reading.peak_allocated_bytes
-            )
-        if snapshot.host is not None:
-            self._host_peak.update(snapshot.host.rss_bytes, snapshot.host.peak_rss_bytes)
 
     def _read_options(self) -> None:
         device = self._device.value
