@@ -184,3 +184,21 @@ def test_default_monitor_is_shared_and_replaceable():
     finally:
         set_default_monitor(original)
     assert default_monitor() is original
+
+
+def test_shared_users_keep_the_sampler_until_the_last_one_releases():
+    monitor = Monitor(FakeSource(), rate_hz=50)
+    monitor.acquire("panel-1")
+    monitor.acquire("auto")
+    monitor.acquire("auto")
+    assert monitor.running and monitor.users == {"panel-1", "auto"}
+    monitor.release("panel-1")
+    assert monitor.running
+    monitor.release("never-acquired")
+    assert monitor.running
+    monitor.release("auto")
+    assert not monitor.running
+    assert _sampler_threads() == []
+    monitor.acquire("x")
+    monitor.stop()
+    assert not monitor.running and monitor.users == frozenset()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from types import TracebackType
 
 from .sampler import DEFAULT_RATE_HZ, Sampler
@@ -35,13 +35,40 @@ class Monitor:
         self.source: MemorySource = source if source is not None else SystemSource()
         self.timeline = Timeline(levels)
         self.sampler = Sampler(self.source, self.timeline, rate_hz)
+        self._users_lock = threading.Lock()
+        self._users: set[Hashable] = set()
 
     def start(self) -> Monitor:
         self.sampler.start()
         return self
 
     def stop(self) -> None:
+        """Stop sampling now, whoever asked for it (scripts); shared users should ``release``."""
+        with self._users_lock:
+            self._users.clear()
         self.sampler.stop()
+
+    def acquire(self, user: Hashable) -> None:
+        """Keep the sampler running on behalf of ``user`` (a panel, automatic mode) until it releases."""
+        with self._users_lock:
+            self._users.add(user)
+            self.sampler.start()
+
+    def release(self, user: Hashable) -> None:
+        """Drop ``user``'s claim; the sampler stops when no claim is left. Unknown users are ignored."""
+        with self._users_lock:
+            if user not in self._users:
+                return
+            self._users.discard(user)
+            last = not self._users
+        if last:
+            self.sampler.stop()
+
+    @property
+    def users(self) -> frozenset[Hashable]:
+        """Who currently keeps the sampler running through :meth:`acquire`."""
+        with self._users_lock:
+            return frozenset(self._users)
 
     @property
     def running(self) -> bool:
