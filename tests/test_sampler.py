@@ -202,3 +202,13 @@ def test_shared_users_keep_the_sampler_until_the_last_one_releases():
     monitor.acquire("x")
     monitor.stop()
     assert not monitor.running and monitor.users == frozenset()
+
+
+def test_an_explicit_start_outlives_shared_users():
+    monitor = Monitor(FakeSource(), rate_hz=50)
+    monitor.start()
+    monitor.acquire("panel")
+    monitor.release("panel")
+    assert monitor.running
+    monitor.stop()
+    assert not monitor.running

@@ -37,15 +37,20 @@ class Monitor:
         self.sampler = Sampler(self.source, self.timeline, rate_hz)
         self._users_lock = threading.Lock()
         self._users: set[Hashable] = set()
+        self._started_explicitly = False
 
     def start(self) -> Monitor:
-        self.sampler.start()
+        """Sample until :meth:`stop`, whatever shared users acquire and release meanwhile."""
+        with self._users_lock:
+            self._started_explicitly = True
+            self.sampler.start()
         return self
 
     def stop(self) -> None:
         """Stop sampling now, whoever asked for it (scripts); shared users should ``release``."""
         with self._users_lock:
             self._users.clear()
+            self._started_explicitly = False
         self.sampler.stop()
 
     def acquire(self, user: Hashable) -> None:
@@ -60,7 +65,7 @@ class Monitor:
             if user not in self._users:
                 return
             self._users.discard(user)
-            last = not self._users
+            last = not self._users and not self._started_explicitly
         if last:
             self.sampler.stop()
 
