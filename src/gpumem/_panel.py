@@ -205,9 +205,6 @@ class _Writer:
 _writer = _Writer()
 _registry_lock = threading.Lock()
 _open: list[Panel] = []
-# Monitors whose sampler a panel started, and the panels holding each of them.
-_sampler_users: dict[int, set[int]] = {}
-_started_by_panels: set[int] = set()
 
 
 def open_panels() -> list[Panel]:
@@ -222,29 +219,11 @@ def close_all() -> None:
 
 
 def _acquire_sampler(monitor: Monitor, panel: Panel) -> None:
-    key = id(monitor)
-    with _registry_lock:
-        users = _sampler_users.setdefault(key, set())
-        users.add(id(panel))
-        if not monitor.running:
-            monitor.start()
-            _started_by_panels.add(key)
+    monitor.acquire(("panel", id(panel)))
 
 
 def _release_sampler(monitor: Monitor, panel: Panel) -> None:
-    key = id(monitor)
-    stop = False
-    with _registry_lock:
-        users = _sampler_users.get(key)
-        if users is None or id(panel) not in users:
-            return
-        users.discard(id(panel))
-        if not users:
-            del _sampler_users[key]
-            stop = key in _started_by_panels
-            _started_by_panels.discard(key)
-    if stop:
-        monitor.stop()
+    monitor.release(("panel", id(panel)))
 
 
 # ------------------------------------------------------------------------------------------------
