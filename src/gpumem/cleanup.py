@@ -176,8 +176,10 @@ def _mark_timeline(source: Any, result: FreeResult) -> None:
 
     monitor = default_monitor()
     if monitor.source is source:
-        reclaimed = result.reserved_reclaimed_bytes
-        monitor.mark(f"free{' --deep' if result.deep else ''} {format_delta(-reclaimed)}")
+        label = "free --deep" if result.deep else "free"
+        if result.devices:
+            label += f" {format_delta(-result.reserved_reclaimed_bytes)}"
+        monitor.mark(label)
 
 
 def _hidden_summary(shell: Any) -> list[str]:
