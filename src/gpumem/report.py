@@ -39,6 +39,7 @@ _STYLE = (
     ".gpumem-report th,.gpumem-report td{padding:1px 8px;text-align:right;border:none;white-space:nowrap}"
     ".gpumem-report th:first-child,.gpumem-report td:first-child{text-align:left}"
     ".gpumem-report td.src{text-align:left;font-family:var(--jp-code-font-family,monospace)}"
+    ".gpumem-report th.src{text-align:left}"
     ".gpumem-report thead th{border-bottom:1px solid var(--jp-border-color2,#ccc);font-weight:600}"
     ".gpumem-report .up{color:var(--jp-error-color1,#c62828)}"
     ".gpumem-report .down{color:var(--jp-success-color1,#2e7d32)}"
@@ -231,7 +232,10 @@ def _code_spans(text: str) -> str:
 
 def _summary_text(record: CellRecord) -> str:
     parts: list[str] = []
-    for change in record.devices:
+    changed = [
+        c for c in record.devices if c.allocated_delta_bytes or c.reserved_delta_bytes or c.peak_above_start_bytes
+    ]
+    for change in changed or record.devices[:1]:
         peak = format_delta(change.peak_above_start_bytes)
         peak = peak if change.peak_exact else f"\u2265{peak}"
         parts.append(
@@ -334,7 +338,8 @@ class HistoryTable:
         header, rows = self._columns()
         e = html.escape
         parts = [_STYLE, '<div class="gpumem-report"><table><thead><tr>']
-        parts += [f"<th>{e(name)}</th>" for name in header]
+        parts += [f"<th>{e(name)}</th>" for name in header[:-1]]
+        parts.append(f'<th class="src">{e(header[-1])}</th>')
         parts.append("</tr></thead><tbody>")
         for row in rows:
             cells = [f"<td>{e(value)}</td>" for value in row[:-1]]
