@@ -178,12 +178,24 @@ def test_sampler_feeds_the_lower_bound(fake: FakeSource) -> None:
             fake.free(handle)
 
         record = run(tracker, "sampled", body, keep_peaks=True)
-        assert tracker.started_sampler and monitor.running
+        assert tracker.started_sampler and monitor.running and tracker in monitor.users
         (change,) = record.devices
         assert not change.peak_exact
         assert change.peak_allocated_bytes == 3 * GIB  # seen by the sampler thread while the cell ran
     finally:
         tracker.close()
+    assert not monitor.running and monitor.users == frozenset()
+
+
+def test_the_sampler_is_shared_with_other_users(fake: FakeSource) -> None:
+    monitor = Monitor(fake)
+    monitor.acquire("panel")
+    tracker = CellTracker(monitor)
+    run(tracker, "cell")
+    assert monitor.users == {"panel", tracker}
+    tracker.close()
+    assert monitor.running and monitor.users == {"panel"}  # the panel still needs it
+    monitor.release("panel")
     assert not monitor.running
 
 

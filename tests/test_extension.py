@@ -132,7 +132,7 @@ def test_config_sets_the_defaults(ip: Any, fake_monitor: Monitor) -> None:
         assert ip.run_cell("%config GpuMem.history_size = 7").success
         assert state.tracker.history_size == 7
         assert ip.run_cell("%config GpuMem.auto = False").success
-        assert not state.auto
+        assert not state.auto and not fake_monitor.running  # nothing else needed the sampler
     finally:
         ip.run_cell("%unload_ext gpumem")
         del ip.config["GpuMem"]

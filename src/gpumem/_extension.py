@@ -105,8 +105,11 @@ class ExtensionState:
             self.tracker.history_size = value
         elif name in ("leak_runs", "leak_min_bytes", "attribute_threshold_bytes"):
             setattr(self.tracker, name, value)
-        if name == "auto" and value and not self.monitor.running:
-            self._warm_up()
+        if name == "auto":
+            if value:
+                self._warm_up()
+            else:
+                self.tracker.release_sampler()
 
     def _warm_up(self) -> None:
         """Start sampling now so that opening NVML and psutil happens off the first measured cell."""

@@ -349,7 +349,7 @@ class CellTracker:
         self.capacity_fraction = capacity_fraction
         self.holder_finder: HolderFinder = holder_finder if holder_finder is not None else self._find_holders
         self.start_sampler = start_sampler
-        self.started_sampler = False
+        self.started_sampler = False  # holds a claim on the monitor's sampler
         self._lock = threading.Lock()
         self._history: deque[CellRecord] = deque(maxlen=max(1, history_size))
         self._count = 0
@@ -401,16 +401,20 @@ class CellTracker:
             self._listeners.remove(listener)
 
     def close(self) -> None:
-        """Detach from the sampler and stop it if this tracker started it."""
+        """Detach from the sampler and release this tracker's claim on it (it stops if no one else needs it)."""
         self._closed = True
         if self._listening:
             self.monitor.sampler.remove_listener(self._on_sample)
             self._listening = False
-        if self.started_sampler:
-            self.monitor.stop()
-            self.started_sampler = False
+        self.release_sampler()
         self._resets.uninstall()
         self._active = None
+
+    def release_sampler(self) -> None:
+        """Give up this tracker's claim on the sampler; the next measured cell claims it again."""
+        if self.started_sampler:
+            self.monitor.release(self)
+            self.started_sampler = False
 
     # Measuring ------------------------------------------------------------------------------------
     def begin(
@@ -548,8 +552,8 @@ class CellTracker:
         if not self._listening:
             self.monitor.sampler.add_listener(self._on_sample)
             self._listening = True
-        if self.start_sampler and not self.monitor.running:
-            self.monitor.start()
+        if self.start_sampler and not self.started_sampler:
+            self.monitor.acquire(self)  # shared with panels: it stops when the last user releases it
             self.started_sampler = True
 
     def _on_sample(self, snapshot: Snapshot) -> None:
