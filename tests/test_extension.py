@@ -230,3 +230,12 @@ def test_in_a_real_kernel(tmp_path: Path, jupyter_env: JupyterEnv) -> None:
     assert "['ok', 'error', 'ok', 'ok']" in printed
     lines = ["import numpy as np", "raise ValueError('inside')", "b = np.ones(128 << 20, dtype=np.uint8)", "c = 1"]
     assert repr(lines) in printed
+
+
+def test_the_front_end_can_ask_for_a_sidebar_panel_only_while_loaded(ip):
+    from gpumem import _frontend
+
+    ip.run_cell("%load_ext gpumem")
+    assert _frontend._sidebar_factory is not None
+    ip.run_cell("%unload_ext gpumem")
+    assert _frontend._sidebar_factory is None

@@ -298,6 +298,7 @@ def load(shell: Any) -> ExtensionState:
         configurables.append(config)
     _state = state
     _call_optional("gpumem._frontend", "register_status_target", shell)
+    _call_optional("gpumem._frontend", "set_sidebar_factory", _sidebar_panel)
     _call_optional("gpumem.oom", "install", shell)
     if config.auto:
         state._warm_up()
@@ -318,6 +319,7 @@ def unload(shell: Any) -> None:
             _complain("an unload callback failed", error)
     _call_optional("gpumem.oom", "uninstall", shell, only_if_imported=True)
     _call_optional("gpumem._frontend", "unregister_status_target", only_if_imported=True)
+    _call_optional("gpumem._frontend", "set_sidebar_factory", None, only_if_imported=True)
     _call_optional("gpumem.widget", "close_all", only_if_imported=True)
     for event, hook in (("pre_run_cell", state.pre_run_cell), ("post_run_cell", state.post_run_cell)):
         with contextlib.suppress(ValueError):
@@ -330,6 +332,11 @@ def unload(shell: Any) -> None:
         configurables.remove(state.config)
     state.tracker.close()
     state._stack.clear()
+
+
+def _sidebar_panel() -> Any:
+    """The front end asked for a docked panel: import the widget code only now (it needs numpy, bqplot)."""
+    return importlib.import_module("gpumem.widget").sidebar_panel()
 
 
 def _call_optional(module_name: str, function: str, *args: Any, only_if_imported: bool = False) -> None:
