@@ -13,7 +13,18 @@ from ._version import __version__
 if TYPE_CHECKING:
     from .monitor import Monitor
 
-__all__ = ["Monitor", "__version__", "free", "history", "holders", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = [
+    "Monitor",
+    "Panel",
+    "__version__",
+    "free",
+    "history",
+    "holders",
+    "load_ipython_extension",
+    "measure",
+    "measured",
+    "unload_ipython_extension",
+]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -46,6 +57,14 @@ def __getattr__(name: str) -> Any:
         from .monitor import Monitor
 
         return Monitor
+    if name == "Panel":
+        from ._panel import Panel
+
+        return Panel
+    if name in ("measure", "measured"):
+        from . import _measure as _measure_module
+
+        return getattr(_measure_module, name)
     if name == "holders":
         import importlib
 
