@@ -68,18 +68,22 @@ def _cell_label(record: CellRecord) -> str:
     return f"[{count}]" if count is not None else f"#{record.serial}"
 
 
+def _at_least(delta: int, space: str = " ") -> str:
+    """A sampled peak above the start, a lower bound: ``'≥ +1.0 GiB'``, and ``'≥ 0 B'`` rather than ``'≥ ±0 B'``."""
+    return f"\u2265{space}{format_delta(delta) if delta else '0 B'}"
+
+
 def _peak_text(change: DeviceChange) -> str:
-    above = format_delta(change.peak_above_start_bytes)
     if change.peak_exact:
-        return f"{above} ({format_bytes(change.peak_allocated_bytes)}, exact)"
-    return f"\u2265 {above} ({format_bytes(change.peak_allocated_bytes)}, sampled lower bound)"
+        return f"{format_delta(change.peak_above_start_bytes)} ({format_bytes(change.peak_allocated_bytes)}, exact)"
+    above = _at_least(change.peak_above_start_bytes)
+    return f"{above} ({format_bytes(change.peak_allocated_bytes)}, sampled lower bound)"
 
 
 def _host_peak_text(host: HostChange) -> str:
-    above = format_delta(host.peak_above_start_bytes)
     if host.peak_exact:
-        return f"{above} ({format_bytes(host.peak_rss_bytes)}, exact)"
-    return f"\u2265 {above} ({format_bytes(host.peak_rss_bytes)}, sampled lower bound)"
+        return f"{format_delta(host.peak_above_start_bytes)} ({format_bytes(host.peak_rss_bytes)}, exact)"
+    return f"{_at_least(host.peak_above_start_bytes)} ({format_bytes(host.peak_rss_bytes)}, sampled lower bound)"
 
 
 def _span(before: int, after: int) -> str:
@@ -100,7 +104,11 @@ def _variable_status(change: VariableChange) -> str:
 
 def _headline(record: CellRecord) -> str:
     status = record.status if record.error is None else f"{record.status}: {record.error}"
-    return f"gpumem {_cell_label(record)} {record.first_line}  {format_duration(record.duration_s)}  {status}"
+    return f"gpumem {_cell_label(record)} {_first_line(record)}  {format_duration(record.duration_s)}  {status}"
+
+
+def _first_line(record: CellRecord) -> str:
+    return record.first_line or "(empty cell)"
 
 
 def _record_text(record: CellRecord, top: int) -> str:
@@ -162,7 +170,7 @@ def _record_html(record: CellRecord, top: int) -> str:
     if record.error:
         status += f": {e(record.error)}"
     parts.append(
-        f"<div><b>gpumem</b> {e(_cell_label(record))} <code>{e(record.first_line)}</code> "
+        f"<div><b>gpumem</b> {e(_cell_label(record))} <code>{e(_first_line(record))}</code> "
         f'<span class="dim">{e(format_duration(record.duration_s))} \u00b7 {status}</span></div>'
     )
     if record.cuda_note:
@@ -171,12 +179,13 @@ def _record_html(record: CellRecord, top: int) -> str:
     parts.append('<th>peak above start</th><th title="NVML: whole device, all processes">device used</th>')
     parts.append("</tr></thead><tbody>")
     for change in record.devices:
-        peak = e(format_delta(change.peak_above_start_bytes))
         if change.peak_exact:
+            peak = e(format_delta(change.peak_above_start_bytes))
             peak_cell = f'<td title="{e(format_bytes(change.peak_allocated_bytes))}, exact">{peak}</td>'
         else:
             note = e(change.peak_note or "sampled lower bound")
-            peak_cell = f'<td title="{note}">\u2265 {peak} <span class="dim">(sampled)</span></td>'
+            peak = e(_at_least(change.peak_above_start_bytes))
+            peak_cell = f'<td title="{note}">{peak} <span class="dim">(sampled)</span></td>'
         if change.used_before_bytes is None or change.used_after_bytes is None:
             used = '<span class="dim">n/a</span>'
         else:
@@ -190,8 +199,10 @@ def _record_html(record: CellRecord, top: int) -> str:
         )
     if record.host is not None:
         host = record.host
-        peak = e(format_delta(host.peak_above_start_bytes))
-        peak_cell = peak if host.peak_exact else f'\u2265 {peak} <span class="dim">(sampled)</span>'
+        if host.peak_exact:
+            peak_cell = e(format_delta(host.peak_above_start_bytes))
+        else:
+            peak_cell = f'{e(_at_least(host.peak_above_start_bytes))} <span class="dim">(sampled)</span>'
         parts.append(
             f"<tr><td>host RSS</td><td>{_html_span(host.rss_before_bytes, host.rss_after_bytes)}</td>"
             f'<td class="dim">-</td><td>{peak_cell}</td><td class="dim">-</td></tr>'
@@ -236,8 +247,8 @@ def _summary_text(record: CellRecord) -> str:
         c for c in record.devices if c.allocated_delta_bytes or c.reserved_delta_bytes or c.peak_above_start_bytes
     ]
     for change in changed or record.devices[:1]:
-        peak = format_delta(change.peak_above_start_bytes)
-        peak = peak if change.peak_exact else f"\u2265{peak}"
+        delta = change.peak_above_start_bytes
+        peak = format_delta(delta) if change.peak_exact else _at_least(delta, "")
         parts.append(
             f"cuda:{change.device} allocated {format_delta(change.allocated_delta_bytes)} (peak {peak}), "
             f"reserved {format_delta(change.reserved_delta_bytes)}"
@@ -318,10 +329,10 @@ class HistoryTable:
                 if change is None:
                     row += ["-", "-"]
                 else:
-                    peak = format_delta(change.peak_above_start_bytes)
+                    delta = change.peak_above_start_bytes
                     row += [
                         format_delta(change.allocated_delta_bytes),
-                        peak if change.peak_exact else f"\u2265{peak}",
+                        format_delta(delta) if change.peak_exact else _at_least(delta, ""),
                     ]
             row.append(format_delta(record.host.rss_delta_bytes) if record.host is not None else "n/a")
             row.append(", ".join(sorted({w.kind for w in record.warnings})) or "")
