@@ -371,7 +371,7 @@ def test_subcommand_errors_are_one_line(shell: Any) -> None:
 
 def test_status(shell: Any) -> None:
     _result, cap = run_cell_capture(shell, "%gpumem status")
-    assert "torch    ok" in cap.stdout and "sampler" in cap.stdout and "automatic mode is off" in cap.stdout
+    assert "torch    ok" in cap.stdout and "sampler" in cap.stdout and "auto     off" in cap.stdout
 
 
 def test_sizes() -> None:

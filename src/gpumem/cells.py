@@ -515,7 +515,7 @@ class CellTracker:
                 f"variables not inspected: CUDA allocated memory changed by less than "
                 f"{format_bytes(self.attribute_threshold_bytes)}"
             )
-        cuda_note = None if devices else self._cuda_note(options)
+        cuda_note = self._cuda_note(options, devices, end)
         with self._lock:
             self._count += 1
             record = CellRecord(
@@ -644,10 +644,19 @@ class CellTracker:
             initialized_in_cell=before is None,
         )
 
-    def _cuda_note(self, options: CellOptions) -> str:
+    def _cuda_note(self, options: CellOptions, devices: Sequence[DeviceChange], end: Snapshot) -> str | None:
+        """Why a requested device, or any device, is missing from the report (None: nothing is missing)."""
         if options.devices is not None:
-            listed = ", ".join(f"cuda:{d}" for d in options.devices)
-            return f"{listed}: not initialized in this process (no PyTorch tensor has been put there)"
+            shown = {change.device for change in devices}
+            missing = ", ".join(f"cuda:{d}" for d in options.devices if d not in shown)
+            if not missing:
+                return None
+            visible = sorted(reading.device for reading in end.allocator)
+            if visible:  # CUDA is initialized, so the allocator lists every device this process can use
+                return f"{missing}: no such device; this process sees {describe_devices(visible)}"
+            return f"{missing}: not initialized in this process (no PyTorch tensor has been put there)"
+        if devices:
+            return None
         try:
             torch_status = self.monitor.status().get("torch", "unavailable")
         except Exception as error:
@@ -850,6 +859,15 @@ class CellTracker:
         if attribution.note:
             note += f"; {attribution.note}"
         return tuple(changes), note, warnings
+
+
+def describe_devices(indices: Sequence[int]) -> str:
+    """``[0, 1]`` -> ``'2 CUDA devices (cuda:0, cuda:1)'``."""
+    count = len(indices)
+    noun = "CUDA device" if count == 1 else "CUDA devices"
+    if count > 4:
+        return f"{count} {noun} (cuda:{indices[0]} … cuda:{indices[-1]})"
+    return f"{count} {noun} ({', '.join(f'cuda:{i}' for i in indices)})"
 
 
 def _graph_warning(paths: Sequence[str]) -> CellWarning:

@@ -359,8 +359,10 @@ def magic_free(shell: Any, line: str) -> None:
         magic_args.magic_arguments(),
     ):
         parser_owner = decorator(parser_owner)
+    from .magics import parse_argstring
+
     try:
-        options = magic_args.parse_argstring(parser_owner, line)
+        options = parse_argstring(parser_owner, line)
     except UsageError as error:
         raise UsageError(f"%gpumem free: {error}") from None
     result = free(deep=options.deep, shell=shell)

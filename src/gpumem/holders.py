@@ -128,9 +128,11 @@ def parse_device(device: str | int | None) -> tuple[str | None, int | None]:
             raise ValueError(f"device index must be >= 0, got {device}")
         return "cuda", device
     text = str(device).strip().lower()
+    if text.isdigit():
+        return "cuda", int(text)
     match = _DEVICE_RE.match(text)
     if match is None:
-        raise ValueError(f"unknown device {device!r}: use cuda, cuda:N, cpu or all")
+        raise ValueError(f"unknown device {device!r}: use cuda, cuda:N (or N), cpu or all")
     kind, index = match.group(1), match.group(2)
     if kind == "all":
         if index is not None:
@@ -1245,7 +1247,7 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
 
 
 def magic_who(shell: Any, line: str) -> None:
-    """%gpumem who [--device cuda|cuda:N|cpu|all] [--all] [--depth N] [--cycles]
+    """%gpumem who [-d/--device cuda|cuda:N|cpu|all] [--all] [--depth N] [--cycles]
 
     List the names that keep tensor memory alive, largest first, storages counted once, with the
     references IPython itself keeps (output cache, last exception) and the command that frees them.
@@ -1282,12 +1284,14 @@ def _parse_who(line: str) -> Any:
         argument("--cycles", action="store_true", help="also find (and free) tensors kept only by reference cycles"),
         argument("--depth", type=int, default=DEFAULT_MAX_DEPTH, help="how deep to look inside containers/objects"),
         argument("--all", dest="show_all", action="store_true", help="list every holder, not only the top 20"),
-        argument("--device", default="cuda", help="cuda (every CUDA device), cuda:N, cpu or all"),
+        argument("-d", "--device", default="cuda", help="cuda (every CUDA device), cuda:N or N, cpu or all"),
         magic_args.magic_arguments(),
     ):
         parser_owner = decorator(parser_owner)
+    from .magics import parse_argstring
+
     try:
-        options = magic_args.parse_argstring(parser_owner, line)
+        options = parse_argstring(parser_owner, line)
     except UsageError as error:
         raise UsageError(f"%gpumem who: {error}") from None
     if options.depth < 1:

@@ -24,7 +24,7 @@ from IPython.core import magic_arguments as _magic_arguments_module
 from IPython.core.error import UsageError
 
 from ._format import format_bytes
-from .cells import CellOptions
+from .cells import CellOptions, describe_devices
 
 if TYPE_CHECKING:
     from ._extension import ExtensionState
@@ -45,9 +45,30 @@ def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
     return decorator
 
 
+def split_arguments(line: str) -> list[str]:
+    """Split an option line like IPython does, without the quotes around a quoted argument.
+
+    IPython's own splitting keeps them on POSIX, so ``--csv "my file.csv"`` would name a file whose
+    name starts with a quote; unbalanced quotes are a UsageError rather than a traceback.
+    """
+    from IPython.utils.process import arg_split  # type: ignore[attr-defined]
+
+    try:
+        tokens: list[str] = arg_split(line, strict=True)
+    except ValueError as error:
+        raise UsageError(f"cannot split the options {line.strip()!r}: {error}") from None
+    return [_unquote(token) for token in tokens]
+
+
+def _unquote(token: str) -> str:
+    if len(token) >= 2 and token[0] == token[-1] and token[0] in "'\"":
+        return token[1:-1]
+    return token
+
+
 def parse_argstring(magic: Callable[..., Any], line: str) -> Any:
     """Parse ``line`` with the parser the decorators built (bad input raises UsageError)."""
-    return _args.parse_argstring(magic, line)
+    return magic.parser.parse_args(split_arguments(line))  # type: ignore[attr-defined]
 
 
 def display(obj: object) -> None:
@@ -71,6 +92,7 @@ __all__ = [
 ]
 
 DEFAULT_TOP = 5
+MAX_SIZE_BYTES = 1 << 60  # sizes past 1 EiB are typos (and past float range, overflow)
 _HEADER = re.compile(r"%%gpumem(?:[ \t]+(.*?))?[ \t]*\r?\n?\Z")
 
 
@@ -130,6 +152,8 @@ def parse_cell_options(line: str) -> CellRequest:
     if args.top is not None and args.top < 0:
         raise UsageError(f"--top must be 0 or more, not {args.top}")
     devices = parse_devices(args.device) if args.device else None
+    if devices:
+        _check_devices_exist(devices)
     options = CellOptions(
         devices=devices,
         keep_peaks=bool(args.keep_peaks),
@@ -138,6 +162,23 @@ def parse_cell_options(line: str) -> CellRequest:
         quiet=bool(args.quiet),
     )
     return CellRequest(options, args.top)
+
+
+def _check_devices_exist(devices: tuple[int, ...]) -> None:
+    """Reject indices past the devices CUDA reports (only knowable once CUDA is initialized)."""
+    from . import _extension
+
+    state = _extension.get_state()
+    if state is None:
+        return
+    try:
+        visible = tuple(state.monitor.source.cuda_devices())
+    except Exception:
+        return
+    missing = [device for device in devices if device not in visible]
+    if visible and missing:
+        listed = ", ".join(f"cuda:{device}" for device in missing)
+        raise UsageError(f"--device {listed}: no such device; this process sees {describe_devices(visible)}")
 
 
 def split_cell_header(raw_cell: str) -> tuple[str, str] | None:
@@ -247,7 +288,10 @@ def parse_size(text: str) -> int:
     number, prefix, binary, unit = match.groups()
     power = " KMGT".index(prefix.upper()) if prefix else 0
     decimal = bool(prefix) and not binary and bool(unit)
-    return int(float(number) * (1000 if decimal else 1024) ** power)
+    size = float(number) * (1000 if decimal else 1024) ** power
+    if not size < MAX_SIZE_BYTES:
+        raise UsageError(f"{text.strip()!r} is too large for a memory size (at most 1 EiB)")
+    return int(size)
 
 
 def _state(shell: Any) -> ExtensionState:
@@ -260,7 +304,13 @@ def _state(shell: Any) -> ExtensionState:
 
 
 @magic_arguments("gpumem auto")
-@argument("switch", nargs="?", choices=("on", "off"), help="turn automatic mode on or off (omit to see its settings)")
+@argument(
+    "switch",
+    nargs="?",
+    type=str.lower,
+    choices=("on", "off"),
+    help="turn automatic mode on or off (omit to see its settings)",
+)
 @argument(
     "--threshold",
     metavar="SIZE",
@@ -279,7 +329,7 @@ def magic_auto(shell: Any, line: str) -> None:
     a cell only when it changed memory by at least the threshold or has a warning. The default comes
     from the IPython config option c.GpuMem.auto.
     """
-    args = parse_argstring(magic_auto, line)
+    args = parse_argstring(magic_auto, _SPLIT_SIZE.sub(r"\1\2", line))
     state = _state(shell)
     config = state.config
     if args.keep_peaks and args.reset_peaks:
@@ -293,6 +343,10 @@ def magic_auto(shell: Any, line: str) -> None:
     if args.switch is not None:
         config.auto = args.switch == "on"
     print(auto_mode_text(state))
+
+
+# "--threshold 64 MiB" (number and unit as two words) means "--threshold 64MiB".
+_SPLIT_SIZE = re.compile(r"(--threshold(?:=|\s+)[0-9.eE]+)\s+([kKmMgGtT]i?[bB]?|[bB])(?=\s|$)")
 
 
 def auto_mode_text(state: ExtensionState) -> str:
@@ -366,14 +420,22 @@ def magic_status(shell: Any, line: str) -> None:
         lines.append(f"  {reader:<8} {status}")
     sampler = state.monitor.sampler
     cost = sampler.cost()
-    running = "running" if sampler.running else "stopped"
-    lines.append(
-        f"  sampler  {running} at {sampler.rate_hz:g} Hz; {cost.samples} samples, "
-        f"{cost.mean_s * 1e6:.0f} us each on average"
-    )
-    lines.append("  " + auto_mode_text(state))
-    lines.append(f"  history  {len(state.tracker.history)} cells recorded (keeps up to {state.tracker.history_size})")
+    rate = f"{sampler.rate_hz:g} Hz"
+    running = f"running at {rate}" if sampler.running else f"stopped ({rate} when running)"
+    if cost.samples:
+        each = f"{cost.mean_s * 1e3:.1f} ms" if cost.mean_s >= 1e-3 else f"{cost.mean_s * 1e6:.0f} us"
+        taken = f"{_count(cost.samples, 'sample')} taken, {each} each on average"
+    else:
+        taken = "no samples taken yet"
+    lines.append(f"  sampler  {running}; {taken}")
+    lines.append("  auto     " + auto_mode_text(state).removeprefix("gpumem automatic mode is "))
+    cells = _count(len(state.tracker.history), "cell")
+    lines.append(f"  history  {cells} recorded (keeps up to {state.tracker.history_size:,})")
     print("\n".join(lines))
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 # %gpumem dispatch ---------------------------------------------------------------------------------
@@ -401,7 +463,8 @@ GPU memory tools for PyTorch: where did my GPU memory go?
 %gpumem [SUBCOMMAND] [options]     (no subcommand: the live panel, like %gpumem monitor)
 %%gpumem [options]                 measure the cell below it (see the options further down)
 
-Subcommands: {names}. Each is described below; bad options give a one-line error.
+Subcommands: {names}. Each is described below (%gpumem SUBCOMMAND -h shows one); bad options give a
+one-line error.
 """
 
 
@@ -426,27 +489,56 @@ class GpuMemMagic:
 
     def __call__(self, line: str, cell: str | None = None) -> Any:
         if cell is not None:
-            return _cell_magic(self.shell, line, cell)
-        name, _, rest = line.strip().partition(" ")
+            try:
+                return _cell_magic(self.shell, line, cell)
+            except UsageError as error:
+                raise _named(error, "%%gpumem") from None
+        name, rest = [*line.split(None, 1), "", ""][:2]
         if name == "_cell":
             _cell_header_reached(rest)
             return None
+        if name in _HELP:
+            print(self.getdoc())
+            return None
         name = name or "monitor"
         if name not in _SUBCOMMANDS:
-            raise UsageError(f"unknown subcommand {name!r}; use one of: {', '.join(sorted(_SUBCOMMANDS))} (%gpumem?)")
-        return _load_subcommand(name)(self.shell, rest.strip())
+            raise UsageError(
+                f"%gpumem: unknown subcommand {name!r}; use one of: {', '.join(sorted(_SUBCOMMANDS))} (%gpumem?)"
+            )
+        if _HELP_FLAGS.intersection(rest.split()):
+            print(self.subcommand_doc(name))
+            return None
+        try:
+            return _load_subcommand(name)(self.shell, rest.strip())
+        except UsageError as error:
+            raise _named(error, f"%gpumem {name}") from None
+
+    def subcommand_doc(self, name: str) -> str:
+        """One subcommand's help: what it does and its options."""
+        try:
+            text = _load_subcommand(name).__doc__ or "(no description)"
+        except UsageError as error:
+            text = str(error)
+        return f"%gpumem {name}\n" + "-" * (8 + len(name)) + "\n" + _dedent(text)
 
     def getdoc(self) -> str:
         """Every subcommand's help and every ``%%gpumem`` option, gathered when asked for."""
         parts = [_INTRO.format(names=", ".join(_SUBCOMMANDS))]
-        for name in _SUBCOMMANDS:
-            try:
-                text = _load_subcommand(name).__doc__ or "(no description)"
-            except UsageError as error:
-                text = str(error)
-            parts.append(f"%gpumem {name}\n" + "-" * (8 + len(name)) + "\n" + _dedent(text))
+        parts.extend(self.subcommand_doc(name) for name in _SUBCOMMANDS)
         parts.append("%%gpumem\n--------\n" + _dedent(_cell_usage.__doc__ or ""))
         return "\n\n".join(part.strip("\n") for part in parts) + "\n"
+
+
+_HELP_FLAGS = frozenset({"-h", "--help"})
+_HELP = _HELP_FLAGS | {"help"}
+
+
+def _named(error: UsageError, command: str) -> UsageError:
+    """The same message, starting with the command it is about (other modules may have named it already)."""
+    message = str(error)
+    if message.startswith(("%gpumem", "%%gpumem")):
+        return error
+    return UsageError(f"{command}: {message}")
 
 
 def _dedent(text: str) -> str:

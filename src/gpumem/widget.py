@@ -46,7 +46,10 @@ def magic_arguments(name: str) -> Callable[[_F], _F]:
 
 def parse_argstring(func: Callable[..., Any], line: str) -> Namespace:
     """Parse ``line`` with the options ``func`` declares; bad input raises IPython's UsageError."""
-    return _magic_args.parse_argstring(func, line)  # type: ignore[no-untyped-call,no-any-return]
+    from .magics import parse_argstring as parse
+
+    namespace: Namespace = parse(func, line)
+    return namespace
 
 
 _sidebar_lock = threading.Lock()

@@ -1,0 +1,164 @@
+"""Bad and odd input, as a demanding user types it: one clear line, never a traceback, never lost data.
+
+Magics run in the real in-process IPython shell; the CUDA side is a fake allocator with two devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from _harness import run_cell_capture
+from gpumem import _extension
+from gpumem.cells import CellOptions, CellTracker
+from gpumem.monitor import Monitor, set_default_monitor
+from gpumem.testing import GIB, MIB, FakeSource
+
+
+@pytest.fixture
+def fake() -> FakeSource:
+    return FakeSource(devices=2)
+
+
+@pytest.fixture
+def shell(ip: Any, fake: FakeSource) -> Iterator[Any]:
+    set_default_monitor(Monitor(fake))
+    assert ip.run_cell("%load_ext gpumem").success
+    ip.user_ns.update(src=fake, GIB=GIB, MIB=MIB)
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def usage_error(shell: Any, cell: str) -> str:
+    """Run ``cell``; it must fail with a UsageError shown as one line. Returns that line."""
+    result, cap = run_cell_capture(shell, cell)
+    assert isinstance(result.error_in_exec, UsageError), (cell, result.error_in_exec)
+    shown = (cap.stderr + cap.stdout).strip()
+    assert "Traceback" not in shown and len(shown.splitlines()) == 1, shown
+    return shown
+
+
+def config() -> Any:
+    state = _extension.get_state()
+    assert state is not None
+    return state.config
+
+
+# Sizes -------------------------------------------------------------------------------------------
+
+
+def test_an_overflowing_threshold_is_a_usage_error(shell: Any) -> None:
+    before = config().threshold_bytes
+    for size in ("1e400", "1e30"):
+        assert "too large for a memory size" in usage_error(shell, f"%gpumem auto --threshold {size}")
+    assert config().threshold_bytes == before
+
+
+def test_a_threshold_with_a_space_or_quotes(shell: Any) -> None:
+    for line in ("--threshold 96 MiB", '--threshold "128 MiB"', "--threshold '2 GiB' on"):
+        result, _cap = run_cell_capture(shell, f"%gpumem auto {line}")
+        assert result.success, line
+    assert config().threshold_bytes == 2 * GIB and config().auto
+
+
+def test_switch_ignores_case(shell: Any) -> None:
+    assert run_cell_capture(shell, "%gpumem auto ON")[0].success and config().auto
+    assert run_cell_capture(shell, "%gpumem auto Off")[0].success and not config().auto
+
+
+# Quoting and files -------------------------------------------------------------------------------
+
+
+def test_a_quoted_path_with_a_space_is_written_without_the_quotes(shell: Any, tmp_path: Path) -> None:
+    run_cell_capture(shell, "%%gpumem\nh = src.allocate(MIB)")
+    target = tmp_path / "my history.csv"
+    result, cap = run_cell_capture(shell, f'%gpumem history --csv "{target}"')
+    assert result.success, cap.stderr
+    assert target.read_text().startswith("cell,")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my history.csv"]
+
+
+def test_unbalanced_quotes_are_a_usage_error(shell: Any) -> None:
+    assert "cannot split the options" in usage_error(shell, '%gpumem history --csv "/tmp/x.csv')
+
+
+# Messages name their command; help on request ------------------------------------------------------
+
+
+def test_errors_start_with_the_command_they_are_about(shell: Any) -> None:
+    assert usage_error(shell, "%gpumem auto --bogus").startswith("UsageError: %gpumem auto: unrecognized")
+    assert usage_error(shell, "%gpumem status extra").startswith("UsageError: %gpumem status: unrecognized")
+    assert usage_error(shell, "%gpumem who --bogus").startswith("UsageError: %gpumem who: unrecognized")
+    assert usage_error(shell, "%gpumem nosuch").startswith("UsageError: %gpumem: unknown subcommand")
+    assert usage_error(shell, "%%gpumem extra\nran = 1").startswith("UsageError: %%gpumem: unrecognized")
+    assert "ran" not in shell.user_ns
+
+
+@pytest.mark.parametrize("line", ["-h", "--help", "help"])
+def test_help_flags_print_the_help(shell: Any, line: str) -> None:
+    result, cap = run_cell_capture(shell, f"%gpumem {line}")
+    assert result.success and "%gpumem auto" in cap.stdout and "--threshold" in cap.stdout
+
+
+def test_a_subcommands_help_flag_prints_that_subcommand(shell: Any) -> None:
+    result, cap = run_cell_capture(shell, "%gpumem auto -h")
+    assert result.success and cap.stdout.startswith("%gpumem auto\n") and "--threshold" in cap.stdout
+    assert "%gpumem history" not in cap.stdout
+    assert not config().auto
+
+
+# Devices -----------------------------------------------------------------------------------------
+
+
+def test_a_device_that_does_not_exist_is_refused_before_the_body_runs(shell: Any) -> None:
+    message = usage_error(shell, "%%gpumem -d 7\nran = 1")
+    assert "cuda:7: no such device; this process sees 2 CUDA devices (cuda:0, cuda:1)" in message
+    assert "ran" not in shell.user_ns
+    assert "cuda:5" in usage_error(shell, "%%gpumem -d 0,5\nran = 1")
+
+
+def test_a_missing_device_is_named_when_cuda_starts_inside_the_block() -> None:
+    fake = FakeSource(devices=1, cuda_initialized=False)
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    cell = tracker.begin("x", options=CellOptions(devices=(0, 3), mode="magic"))
+    fake.allocate(MIB)
+    record = tracker.end(cell)
+    assert [change.device for change in record.devices] == [0]
+    assert record.cuda_note == "cuda:3: no such device; this process sees 1 CUDA device (cuda:0)"
+    tracker.close()
+
+
+def test_who_takes_a_device_index_like_the_other_commands(shell: Any) -> None:
+    for line in ("-d 1", "--device 1", "-d cuda:1"):
+        result, cap = run_cell_capture(shell, f"%gpumem who {line}")
+        assert result.success, (line, cap.stderr)
+
+
+# What the status and reports say -------------------------------------------------------------------
+
+
+def test_status_counts_in_words_and_aligns_its_labels(shell: Any) -> None:
+    _result, cap = run_cell_capture(shell, "%gpumem status")
+    lines = cap.stdout.splitlines()
+    assert lines[0] == "gpumem status"
+    assert all(line[2:11].rstrip() and line[10] == " " and line[11] != " " for line in lines[1:]), lines
+    assert "no samples taken yet" in cap.stdout and "0 cells recorded" in cap.stdout
+    run_cell_capture(shell, "%%gpumem -q\nx = 1")
+    _result, cap = run_cell_capture(shell, "%gpumem status")
+    assert "  history  1 cell recorded" in cap.stdout
+
+
+def test_a_zero_lower_bound_reads_as_zero_and_an_empty_cell_is_named(shell: Any) -> None:
+    shell.user_ns["src"].allocate(MIB)
+    _result, cap = run_cell_capture(shell, "%%gpumem --keep-peaks\n")
+    text = cap.outputs[-1].data["text/plain"]
+    html = cap.outputs[-1].data["text/html"]
+    assert "(empty cell)" in text.splitlines()[0] and "(empty cell)" in html
+    assert "≥ 0 B" in text and "≥ ±0 B" not in text and "≥ ±0 B" not in html
