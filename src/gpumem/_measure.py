@@ -42,16 +42,18 @@ class Measurement:
         self,
         label: str,
         *,
-        devices: Iterable[int] | None = None,
+        devices: Iterable[int] | int | None = None,
         keep_peaks: bool = False,
         namespace: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(label, str) or not label.strip():
             raise ValueError("measure() needs a non-empty label naming the block, such as 'epoch 1'")
+        if namespace is not None and not isinstance(namespace, Mapping):
+            raise TypeError(f"measure(namespace=...) takes a mapping such as globals(), not {type(namespace).__name__}")
         self.label = label
         self.options = CellOptions(
-            devices=tuple(sorted({int(d) for d in devices})) if devices is not None else None,
-            keep_peaks=keep_peaks,
+            devices=_device_indices(devices),
+            keep_peaks=bool(keep_peaks),
             attribute=namespace is not None,
             mode="magic",
         )
@@ -60,7 +62,13 @@ class Measurement:
         self._active: ActiveCell | None = None
 
     def __enter__(self) -> Measurement:
-        self._active = _script_tracker().begin(self.label, options=self.options, namespace=self.namespace)
+        if self._active is not None:
+            raise RuntimeError(
+                f"the block {self.label!r} is already being measured; nest a new gpumem.measure(...) instead"
+            )
+        tracker = _script_tracker()
+        with _lock:
+            self._active = tracker.begin(self.label, options=self.options, namespace=self.namespace, concurrent=True)
         return self
 
     def __exit__(
@@ -73,10 +81,12 @@ class Measurement:
         if active is None:
             return
         tracker = _script_tracker()
-        try:
-            self.record = tracker.end(active, error=exc, namespace=self.namespace, options=self.options)
-        finally:
-            tracker.release_sampler()  # a script pays for sampling only inside measured blocks
+        with _lock:
+            try:
+                self.record = tracker.end(active, error=exc, namespace=self.namespace, options=self.options)
+            finally:
+                if tracker.active is None:
+                    tracker.release_sampler()  # a script pays for sampling only inside measured blocks
 
     @property
     def report(self) -> Any:
@@ -89,14 +99,28 @@ class Measurement:
 
     def __repr__(self) -> str:
         if self.record is None:
-            return f"<gpumem.measure {self.label!r}: running>"
+            state = "running" if self._active is not None else "not started (use it in a with statement)"
+            return f"<gpumem.measure {self.label!r}: {state}>"
         return repr(self.report)
+
+
+def _device_indices(devices: Iterable[int] | int | None) -> tuple[int, ...] | None:
+    if devices is None:
+        return None
+    listed = [devices] if isinstance(devices, int) else devices
+    try:
+        indices = sorted({int(device) for device in listed})
+    except (TypeError, ValueError):
+        raise TypeError(f"measure(devices=...) takes CUDA device indices such as [0, 1], not {devices!r}") from None
+    if any(index < 0 for index in indices):
+        raise ValueError(f"measure(devices=...) takes CUDA device indices (0 or more), not {devices!r}")
+    return tuple(indices)
 
 
 def measure(
     label: str,
     *,
-    devices: Iterable[int] | None = None,
+    devices: Iterable[int] | int | None = None,
     keep_peaks: bool = False,
     namespace: Mapping[str, Any] | None = None,
 ) -> Measurement:
@@ -105,6 +129,8 @@ def measure(
     ``devices`` limits the report to those CUDA indices; ``keep_peaks`` leaves PyTorch's peak counters
     alone (by default they are reset when the block starts, which makes the peak exact but also resets
     what ``torch.cuda.max_memory_allocated()`` returns); ``namespace`` (e.g. ``globals()``) also names
-    the variables that now hold more memory.
+    the variables that now hold more memory. Blocks may nest or run on several threads; a block that
+    starts while another is measured leaves the counters alone, as with ``keep_peaks``, so that the
+    outer peak stays exact.
     """
     return Measurement(label, devices=devices, keep_peaks=keep_peaks, namespace=namespace)

@@ -17,6 +17,7 @@ import statistics
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -246,40 +247,69 @@ class _PeakResetCounter:
     ``torch.cuda.reset_peak_memory_stats`` (and ``reset_max_memory_allocated``, built on it) call
     ``torch._C._cuda_resetPeakMemoryStats`` by name each time; a counting wrapper around that one
     function tells for certain whether the user's code reset a counter during a cell. Installed only
-    once torch is imported and built with CUDA; removed again by :meth:`uninstall`.
+    once torch is imported and built with CUDA, and only while something is measured: one counter
+    serves every tracker in the process (the extension's and ``gpumem.measure``'s), so the wrapper
+    never wraps itself, and :meth:`release` removes it when the last measurement ends.
     """
 
     _NAME = "_cuda_resetPeakMemoryStats"
 
     def __init__(self) -> None:
         self.calls: dict[int | None, int] = {}
+        self._lock = threading.Lock()
         self._module: Any = None
         self._original: Any = None
         self._wrapper: Any = None
 
     def install(self) -> None:
-        module = getattr(sys.modules.get("torch"), "_C", None)
-        current = getattr(module, self._NAME, None)
-        if current is None or (current is self._wrapper and module is self._module):
-            return
-        original = current
+        with self._lock:
+            module = getattr(sys.modules.get("torch"), "_C", None)
+            current = getattr(module, self._NAME, None)
+            if current is None or (current is self._wrapper and module is self._module):
+                return
+            original = current
+            lock = self._lock
 
-        def counting_reset(*args: Any, **kwargs: Any) -> Any:
-            device = args[0] if args and isinstance(args[0], int) else None
-            self.calls[device] = self.calls.get(device, 0) + 1
-            return original(*args, **kwargs)
+            def counting_reset(*args: Any, **kwargs: Any) -> Any:
+                device = args[0] if args and isinstance(args[0], int) else None
+                with lock:
+                    self.calls[device] = self.calls.get(device, 0) + 1
+                return original(*args, **kwargs)
 
-        setattr(module, self._NAME, counting_reset)
-        self._module, self._original, self._wrapper = module, original, counting_reset
+            setattr(module, self._NAME, counting_reset)
+            self._module, self._original, self._wrapper = module, original, counting_reset
 
-    def uninstall(self) -> None:
-        if self._module is not None and getattr(self._module, self._NAME, None) is self._wrapper:
-            setattr(self._module, self._NAME, self._original)
-        self._module = self._original = self._wrapper = None
+    def release(self) -> None:
+        """Put torch's own function back, unless a measurement still runs somewhere in the process."""
+        with _running_lock:
+            if any(not cell.finished for cell in _running):
+                return
+            with self._lock:
+                if self._module is not None and getattr(self._module, self._NAME, None) is self._wrapper:
+                    setattr(self._module, self._NAME, self._original)
+                self._module = self._original = self._wrapper = None
+
+    def snapshot(self) -> dict[int | None, int]:
+        with self._lock:
+            return dict(self.calls)
 
     def count(self, device: int) -> int:
         """Resets that may have touched ``device`` (a call without a device index counts for all)."""
-        return self.calls.get(device, 0) + self.calls.get(None, 0)
+        with self._lock:
+            return self.calls.get(device, 0) + self.calls.get(None, 0)
+
+
+_RESETS = _PeakResetCounter()
+
+# Every cell or block being measured in this process, whichever tracker measures it: while one runs,
+# another starting inside it leaves the peak counters alone, so that the outer peak stays exact.
+_running_lock = threading.Lock()
+_running: weakref.WeakSet[ActiveCell] = weakref.WeakSet()
+
+
+def _others_running(cell: ActiveCell) -> bool:
+    with _running_lock:
+        return any(other is not cell and not other.finished for other in _running)
 
 
 def first_line_of(source: str, limit: int = 80) -> str:
@@ -353,7 +383,7 @@ class CellTracker:
         self._lock = threading.Lock()
         self._history: deque[CellRecord] = deque(maxlen=max(1, history_size))
         self._count = 0
-        self._active: ActiveCell | None = None
+        self._active: list[ActiveCell] = []  # more than one only for concurrent (nested or threaded) blocks
         self._runs: OrderedDict[str, deque[dict[int, int]]] = OrderedDict()
         self._run_counts: dict[str, int] = {}
         self._baseline: dict[str, HeldVariable] = {}
@@ -361,7 +391,7 @@ class CellTracker:
         self._baseline_signatures: dict[str, tuple[int, int]] | None = None
         self.walks = {"full": 0, "changed names": 0}
         self.incremental = True  # automatic mode walks only the names whose value changed
-        self._resets = _PeakResetCounter()
+        self._resets = _RESETS
         self._listeners: list[Callable[[CellRecord], None]] = []
         self._listening = False
         self._closed = False
@@ -389,7 +419,9 @@ class CellTracker:
 
     @property
     def active(self) -> ActiveCell | None:
-        return self._active
+        """The cell measured now (the innermost, for nested blocks)."""
+        with self._lock:
+            return self._active[-1] if self._active else None
 
     def add_listener(self, listener: Callable[[CellRecord], None]) -> None:
         """Call ``listener(record)`` after every measured cell (on the thread that ended it)."""
@@ -407,8 +439,11 @@ class CellTracker:
             self.monitor.sampler.remove_listener(self._on_sample)
             self._listening = False
         self.release_sampler()
-        self._resets.uninstall()
-        self._active = None
+        with self._lock:
+            for cell in self._active:
+                cell.finished = True
+            self._active.clear()
+        self._resets.release()
 
     def release_sampler(self) -> None:
         """Give up this tracker's claim on the sampler; the next measured cell claims it again."""
@@ -424,13 +459,24 @@ class CellTracker:
         options: CellOptions | None = None,
         execution_count: int | None = None,
         namespace: Mapping[str, Any] | None = None,
+        concurrent: bool = False,
     ) -> ActiveCell:
-        """Start measuring a cell. With ``options.attribute`` and a namespace, first record who holds what."""
+        """Start measuring a cell. With ``options.attribute`` and a namespace, first record who holds what.
+
+        A cell still running here is taken as one whose end was never reported and is ended with an
+        error, unless ``concurrent`` (blocks that nest or run on several threads, ``gpumem.measure``).
+        While any other measurement runs in the process, the peak counters are left alone
+        (``keep_peaks``), so that the other's peak stays exact.
+        """
         options = options or CellOptions()
-        stale = self._active
-        if stale is not None and not stale.finished:
-            self.end(stale, error=RuntimeError("the end of this cell was never reported"))
+        if not concurrent:
+            for stale in self._active_cells():
+                self.end(stale, error=RuntimeError("the end of this cell was never reported"))
         cell = ActiveCell(source, options, execution_count)
+        with _running_lock:
+            _running.add(cell)
+        if not options.keep_peaks and _others_running(cell):
+            options = cell.options = options._replace(keep_peaks=True)
         if options.attribute and options.mode == "magic" and namespace is not None:
             cell.baseline = self._attribute(namespace, options.devices, None)
             self._baseline_signatures = _signatures(namespace)
@@ -456,12 +502,12 @@ class CellTracker:
         cell.start = start
         cell.reset_devices = frozenset(reset)
         self._resets.install()
-        cell.resets_at_start = dict(self._resets.calls)
+        cell.resets_at_start = self._resets.snapshot()
         cell.take_sample(start)
         if execution_count is not None:
             self.monitor.mark(f"[{execution_count}]", start.monotonic_s)
         with self._lock:
-            self._active = cell
+            self._active.append(cell)
         cell.started_perf_s = time.perf_counter()
         return cell
 
@@ -482,8 +528,8 @@ class CellTracker:
         end = self.monitor.snapshot()
         with self._lock:
             cell.finished = True
-            if self._active is cell:
-                self._active = None
+            if cell in self._active:
+                self._active.remove(cell)
         cell.take_sample(end)
         start = cell.start
         assert start is not None
@@ -538,6 +584,7 @@ class CellTracker:
                 quiet=options.quiet,
             )
             self._history.append(record)
+        self._resets.release()
         for listener in list(self._listeners):
             try:
                 listener(record)
@@ -558,9 +605,12 @@ class CellTracker:
 
     def _on_sample(self, snapshot: Snapshot) -> None:
         """Sampler thread: remember the highest values seen while a cell runs (lower bounds for peaks)."""
-        cell = self._active
-        if cell is not None and not cell.finished:
+        for cell in self._active_cells():
             cell.take_sample(snapshot)
+
+    def _active_cells(self) -> list[ActiveCell]:
+        with self._lock:
+            return [cell for cell in self._active if not cell.finished]
 
     def _device_changes(
         self, cell: ActiveCell, start: Snapshot, end: Snapshot, options: CellOptions
