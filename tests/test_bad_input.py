@@ -162,3 +162,27 @@ def test_a_zero_lower_bound_reads_as_zero_and_an_empty_cell_is_named(shell: Any)
     html = cap.outputs[-1].data["text/html"]
     assert "(empty cell)" in text.splitlines()[0] and "(empty cell)" in html
     assert "≥ 0 B" in text and "≥ ±0 B" not in text and "≥ ±0 B" not in html
+
+
+# Python API ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", ["10", None, True])
+def test_a_rate_that_is_not_a_number_names_the_parameter(rate: Any) -> None:
+    with pytest.raises(TypeError, match="rate_hz must be a number"):
+        Monitor(FakeSource(), rate_hz=rate)
+
+
+def test_a_source_that_is_not_one_is_refused_at_once() -> None:
+    with pytest.raises(TypeError, match=r"Monitor\(source=\.\.\.\).*object has no snapshot"):
+        Monitor(source=object())  # type: ignore[arg-type]
+
+
+def test_a_holder_report_reads_as_the_who_table() -> None:
+    torch = pytest.importorskip("torch")
+    from gpumem.holders import find_holders
+
+    report = find_holders({"weights": torch.ones(256)}, device="cpu")
+    assert repr(report).startswith("Tensor memory held by names (cpu)")
+    assert "weights" in repr(report) and "1.0 KiB" in repr(report)
+    assert "<table>" in report._repr_html_()

@@ -107,6 +107,13 @@ class HolderReport(NamedTuple):
     torch_loaded: bool = True
     cycles: CycleReport | None = None
 
+    def __repr__(self) -> str:
+        """The table ``%gpumem who`` prints, so that ``gpumem.holders()`` reads well on its own."""
+        return render_text(self)
+
+    def _repr_html_(self) -> str:
+        return render_html(self)
+
 
 class _OutOfTime(Exception):
     pass

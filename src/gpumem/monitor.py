@@ -32,6 +32,8 @@ class Monitor:
         rate_hz: float = DEFAULT_RATE_HZ,
         levels: Sequence[Level] = DEFAULT_LEVELS,
     ) -> None:
+        if source is not None:
+            _check_source(source)
         self.source: MemorySource = source if source is not None else SystemSource()
         self.timeline = Timeline(levels)
         self.sampler = Sampler(self.source, self.timeline, rate_hz)
@@ -100,6 +102,18 @@ class Monitor:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+_SOURCE_METHODS = ("snapshot", "cuda_devices", "device_info", "reset_peaks", "empty_cache", "status")
+
+
+def _check_source(source: object) -> None:
+    missing = [name for name in _SOURCE_METHODS if not callable(getattr(source, name, None))]
+    if missing:
+        raise TypeError(
+            f"Monitor(source=...) takes a memory source such as gpumem.sources.SystemSource() or "
+            f"gpumem.testing.FakeSource(); {type(source).__name__} has no {', '.join(missing)}"
+        )
 
 
 _default_lock = threading.Lock()

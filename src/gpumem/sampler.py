@@ -65,12 +65,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _check_rate(rate_hz: object) -> None:
+    if isinstance(rate_hz, bool) or not isinstance(rate_hz, (int, float)):
+        raise TypeError(f"rate_hz must be a number of samples per second, not {rate_hz!r}")
+    if not (rate_hz > 0 and math.isfinite(rate_hz)):
+        raise ValueError(f"rate_hz must be a positive number, not {rate_hz!r}")
+
+
 class Sampler:
     """Reads ``source`` every ``1 / rate_hz`` seconds into ``timeline`` and notifies listeners."""
 
     def __init__(self, source: MemorySource, timeline: Timeline, rate_hz: float = DEFAULT_RATE_HZ) -> None:
-        if not (rate_hz > 0 and math.isfinite(rate_hz)):
-            raise ValueError(f"rate_hz must be a positive number, not {rate_hz!r}")
+        _check_rate(rate_hz)
         self.source = source
         self.timeline = timeline
         self._period_s = 1.0 / rate_hz
@@ -91,8 +97,7 @@ class Sampler:
 
     @rate_hz.setter
     def rate_hz(self, value: float) -> None:
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"rate_hz must be a positive number, not {value!r}")
+        _check_rate(value)
         self._period_s = 1.0 / value
 
     @property
