@@ -338,6 +338,18 @@ def test_depth_items_and_time_limits_are_reported() -> None:
     assert timed.truncated and any("time budget" in note for note in timed.truncation)
 
 
+def test_a_row_the_walk_stopped_inside_shows_a_lower_bound() -> None:
+    many = [torch.zeros(1) for _ in range(50)]
+    report = cpu({"many": many, "whole": torch.zeros(4)}, max_items=10)
+    assert not row(report, "many").complete and row(report, "whole").complete
+    text = render_text(report)
+    assert any(line.lstrip().startswith("many") and line.endswith("\u2265 40 B") for line in text.splitlines())
+    assert "  16 B" in text and "\u2265 16 B" not in text  # the complete row stays exact
+    assert text.count("\u2265") == 2  # the row and the total
+    assert "\u2265 40 B" in render_html(report)
+    assert "\u2265" not in render_text(cpu({"whole": torch.zeros(4)}))
+
+
 def test_cycles_found_and_collected() -> None:
     import gc
     import weakref

@@ -21,7 +21,7 @@ import sys
 import time
 import types
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from ._format import format_bytes
@@ -62,7 +62,9 @@ class Holder(NamedTuple):
     ``nbytes`` is the memory attributed to this row (each storage is attributed to one row only);
     ``shared_bytes`` is memory this name also reaches but that is counted under another row
     (``shared_with`` names them). ``graph_paths`` are paths of reached tensors that carry a
-    ``grad_fn``: each keeps its autograd graph (and the activations it saved) alive.
+    ``grad_fn``: each keeps its autograd graph (and the activations it saved) alive. ``complete`` is
+    False when the walk stopped early inside this name (a limit or an error): ``nbytes`` is then a
+    lower bound.
     """
 
     name: str
@@ -75,6 +77,7 @@ class Holder(NamedTuple):
     breakdown: dict[str, int]
     shared_with: tuple[str, ...] = ()
     note: str = ""
+    complete: bool = True
 
 
 class CycleReport(NamedTuple):
@@ -357,6 +360,7 @@ class _Walker:
         self.deadline = deadline
         self.sizes: dict[tuple[str, int, int], int] = {}
         self.truncation: list[str] = []
+        self.incomplete: set[int] = set()  # ids of the roots whose walk stopped early
         self._depth_notes = 0
         self._ticks = 0
         self.root: _Root = _Root("", "", 0, False)
@@ -369,11 +373,13 @@ class _Walker:
             raise _OutOfTime
 
     def _note_depth(self, path: str) -> None:
+        self.incomplete.add(id(self.root))
         self._depth_notes += 1
         if self._depth_notes == 1:
             self.truncation.append(f"depth limit {self.max_depth} reached (first at {path})")
 
     def _note_items(self, path: str, size: int) -> None:
+        self.incomplete.add(id(self.root))
         self.truncation.append(f"{path} has {size:,} items; only the first {self.max_items:,} were looked at")
 
     # -- entry -------------------------------------------------------------------------------
@@ -796,7 +802,9 @@ def _last_error_name(objects: list[Any]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) -> list[tuple[bool, Holder]]:
+def _attribute(
+    roots: list[_Root], sizes: Mapping[tuple[str, int, int], int], incomplete: Collection[int] = ()
+) -> list[tuple[bool, Holder]]:
     """Give every storage one owner (lowest rank, then the name reaching most, then namespace order)."""
     reach_total = {id(root): sum(sizes[key] for key in root.reach) for root in roots}
     owner: dict[tuple[str, int, int], _Root] = {}
@@ -874,6 +882,7 @@ def _attribute(roots: list[_Root], sizes: Mapping[tuple[str, int, int], int]) ->
                     breakdown=breakdown,
                     shared_with=partner_names,
                     note="; ".join(notes),
+                    complete=id(root) not in incomplete,
                 ),
             )
         )
@@ -953,8 +962,9 @@ def find_holders(
                 _walk_guarded(walker, root, ref.objects, _HIDDEN_RANK)
     except _OutOfTime:
         out_of_time = True
+        walker.incomplete.add(id(walker.root))
         walker.truncation.append(f"time budget {time_budget_s:g} s used up; later names were not walked")
-    rows = _attribute(roots, walker.sizes)
+    rows = _attribute(roots, walker.sizes, walker.incomplete)
     user_rows = [row for hidden, row in rows if not hidden]
     hidden_rows = [row for hidden, row in rows if hidden]
     total = sum(row.nbytes for row in user_rows)
@@ -988,6 +998,7 @@ def _walk_guarded(walker: _Walker, root: _Root, objects: Iterable[Any], rank: in
     except _OutOfTime:
         raise
     except Exception as error:  # e.g. a dict resized by a running cell while a widget thread walks it
+        walker.incomplete.add(id(root))
         walker.truncation.append(f"{root.name} not fully walked ({type(error).__name__}: {error})")
 
 
@@ -1141,6 +1152,11 @@ def _row_notes(row: Holder) -> list[str]:
     return notes
 
 
+def _bytes_text(nbytes: int, complete: bool) -> str:
+    """A size, marked as a lower bound when the walk stopped early (see the "Walk truncated" line)."""
+    return format_bytes(nbytes) if complete else f"\u2265 {format_bytes(nbytes)}"
+
+
 def render_text(report: HolderReport, *, limit: int = 20) -> str:
     """A plain-text table for terminals and ``text/plain``."""
     if not report.torch_loaded:
@@ -1154,7 +1170,7 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
     def row_lines(row: Holder) -> list[str]:
         head = (
             f"  {row.name:<{name_width}}  {row.type_name:<{type_width}}  {row.device:<{device_width}}  "
-            f"{format_bytes(row.nbytes):>10}"
+            f"{_bytes_text(row.nbytes, row.complete):>10}"
         )
         return [head, *(indent + note for note in _row_notes(row))]
 
@@ -1168,7 +1184,7 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
         rest = sum(row.nbytes for row in report.holders[limit:])
         lines.append(f"  ... {len(report.holders) - limit} more names, {format_bytes(rest)} (--all lists them)")
     total_width = name_width + type_width + device_width + 6
-    lines.append(f"  {'total named':<{total_width}}{format_bytes(report.total_bytes):>10}")
+    lines.append(f"  {'total named':<{total_width}}{_bytes_text(report.total_bytes, not report.truncated):>10}")
     if report.hidden:
         lines.append(f"Held by IPython (release with {FREE_COMMAND}):")
         for row in report.hidden:
@@ -1215,7 +1231,8 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
         return (
             f"<tr><td style='text-align:left'><code>{_escape(row.name)}</code></td>"
             f"<td style='text-align:left'>{_escape(row.type_name)}</td><td>{_escape(row.device)}</td>"
-            f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td><td style='text-align:left'>{notes}</td></tr>"
+            f"<td style='text-align:right'>{_bytes_text(row.nbytes, row.complete)}</td>"
+            f"<td style='text-align:left'>{notes}</td></tr>"
         )
 
     if not report.holders:
@@ -1229,7 +1246,7 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
         )
     parts.append(
         f"<tr><td colspan=3><b>total named</b></td><td style='text-align:right'>"
-        f"<b>{format_bytes(report.total_bytes)}</b></td><td></td></tr>"
+        f"<b>{_bytes_text(report.total_bytes, not report.truncated)}</b></td><td></td></tr>"
     )
     if report.hidden:
         parts.append(
