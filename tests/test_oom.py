@@ -209,3 +209,19 @@ def test_uninstall_removes_the_hooks_and_silences_the_observer(ip: Any) -> None:
     _, captured = run_cell_capture(ip, f"import torch\nraise torch.OutOfMemoryError({TORCH2_MESSAGE!r})")
     assert "gpumem" not in outputs_text(captured)
     oom.uninstall(ip)  # twice is fine
+
+
+def test_no_dangling_then_and_no_row_of_n_a() -> None:
+    """Free memory short of the request, but nothing named holds it: no lone "Then ..." step."""
+    message = (
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+        "1.50 GiB is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 10.00 MiB is reserved "
+        "by PyTorch but unallocated."
+    )
+    report = oom.explain(torch.OutOfMemoryError(message), source=FakeSource())
+    assert not any(item.startswith("Then") for item in report.advice)
+    assert oom.render_text(report).count("%gpumem free --deep") == 1
+    bare = oom.explain(torch.OutOfMemoryError("CUDA out of memory."), source=FakeSource(cuda_initialized=False))
+    text = oom.render_text(bare)
+    assert "n/a" not in text and "the error states no sizes" in text
+    assert "n/a" not in oom.render_html(bare)

@@ -271,12 +271,14 @@ def _advice(
             top = report_holders.holders[0]
             advice.append(f"The largest holder is `{top.name}` ({format_bytes(top.nbytes)}): `del {top.name}` if done.")
     if (
-        free_bytes is not None
+        advice
+        and free_bytes is not None
         and requested is not None
         and free_bytes < requested
         and not fragmentation
         and not too_large
     ):
+        # "Then" follows a step above; alone it would repeat the closing line, which always names the command.
         advice.append(f"Then `{FREE_COMMAND}` returns what is freed to the driver.")
     return advice
 
@@ -293,15 +295,20 @@ def _b(value: int | None) -> str:
 def _summary_lines(report: OomReport) -> list[str]:
     where = f"cuda:{report.device}" if report.device is not None else "the GPU"
     lines = [f"gpumem: CUDA out of memory on {where}"]
-    lines.append(
-        f"  requested {_b(report.requested_bytes)}; free on the device {_b(report.device_free_bytes)} "
-        f"of {_b(report.device_total_bytes)}"
-        + (f"; this process uses {_b(report.process_bytes)}" if report.process_bytes is not None else "")
-    )
-    lines.append(
-        f"  PyTorch: allocated {_b(report.allocated_bytes)}, reserved but unallocated "
-        f"{_b(report.reserved_unallocated_bytes)}" + (" (fragmentation)" if report.fragmentation else "")
-    )
+    device_figures = (report.requested_bytes, report.device_free_bytes, report.device_total_bytes)
+    if any(value is not None for value in device_figures):
+        lines.append(
+            f"  requested {_b(report.requested_bytes)}; free on the device {_b(report.device_free_bytes)} "
+            f"of {_b(report.device_total_bytes)}"
+            + (f"; this process uses {_b(report.process_bytes)}" if report.process_bytes is not None else "")
+        )
+    if report.allocated_bytes is not None or report.reserved_unallocated_bytes is not None:
+        lines.append(
+            f"  PyTorch: allocated {_b(report.allocated_bytes)}, reserved but unallocated "
+            f"{_b(report.reserved_unallocated_bytes)}" + (" (fragmentation)" if report.fragmentation else "")
+        )
+    if len(lines) == 1:
+        lines.append("  the error states no sizes, and none could be read from the device")
     return lines
 
 
