@@ -350,6 +350,15 @@ def test_a_row_the_walk_stopped_inside_shows_a_lower_bound() -> None:
     assert "\u2265" not in render_text(cpu({"whole": torch.zeros(4)}))
 
 
+def test_an_empty_result_of_a_cut_short_walk_does_not_claim_there_is_nothing() -> None:
+    ints = list(range(50))
+    complete = find_holders({"ints": ints}, device="all", include_hidden=False)
+    assert "no name holds tensor memory on any device" in render_text(complete)
+    cut = find_holders({"ints": ints}, device="all", include_hidden=False, max_items=10)
+    assert "no name was found holding tensor memory on any device (the walk stopped early" in render_text(cut)
+    assert "no name holds" not in render_html(cut)
+
+
 def test_cycles_found_and_collected() -> None:
     import gc
     import weakref

@@ -1157,6 +1157,13 @@ def _bytes_text(nbytes: int, complete: bool) -> str:
     return format_bytes(nbytes) if complete else f"\u2265 {format_bytes(nbytes)}"
 
 
+def _nothing_found(report: HolderReport) -> str:
+    where = "any device" if report.device == "all" else report.device
+    if report.truncated:
+        return f"no name was found holding tensor memory on {where} (the walk stopped early, see below)"
+    return f"no name holds tensor memory on {where}"
+
+
 def render_text(report: HolderReport, *, limit: int = 20) -> str:
     """A plain-text table for terminals and ``text/plain``."""
     if not report.torch_loaded:
@@ -1177,7 +1184,7 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
     lines = [f"Tensor memory held by names ({report.device}), walked in {report.elapsed_s * 1000:.0f} ms"]
     if not report.holders:
         hint = " (`%gpumem who --device cpu` lists CPU tensors)" if report.device.startswith("cuda") else ""
-        lines.append(f"  no name holds tensor memory on {report.device}{hint}")
+        lines.append(f"  {_nothing_found(report)}{hint}")
     for row in report.holders[:limit]:
         lines.extend(row_lines(row))
     if len(report.holders) > limit:
@@ -1236,7 +1243,7 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
         )
 
     if not report.holders:
-        parts.append(f"<tr><td colspan=5>no name holds tensor memory on {_escape(report.device)}</td></tr>")
+        parts.append(f"<tr><td colspan=5>{_escape(_nothing_found(report))}</td></tr>")
     parts.extend(row_html(row) for row in report.holders[:limit])
     if len(report.holders) > limit:
         rest = sum(row.nbytes for row in report.holders[limit:])
