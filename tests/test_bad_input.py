@@ -186,3 +186,24 @@ def test_a_holder_report_reads_as_the_who_table() -> None:
     assert repr(report).startswith("Tensor memory held by names (cpu)")
     assert "weights" in repr(report) and "1.0 KiB" in repr(report)
     assert "<table>" in report._repr_html_()
+
+
+def test_a_failing_optional_part_is_named_as_the_user_knows_it(
+    ip: Any, fake: FakeSource, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpumem import oom
+
+    def broken(shell: Any) -> None:
+        raise RuntimeError("hook refused")
+
+    monkeypatch.setattr(oom, "install", broken)
+    set_default_monitor(Monitor(fake))
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        err = capsys.readouterr().err
+        assert "gpumem: the out-of-memory explanation failed (install): RuntimeError: hook refused" in err
+        assert "gpumem.oom" not in err
+        assert run_cell_capture(ip, "%gpumem status")[0].success  # the rest of the extension works
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)

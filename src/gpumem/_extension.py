@@ -348,7 +348,7 @@ def _call_optional(module_name: str, function: str, *args: Any, only_if_imported
         except ImportError:
             return
         except Exception as error:
-            _complain(f"{module_name} could not be imported", error)
+            _complain(f"{_FEATURES.get(module_name, module_name)} is unavailable", error)
             return
     if module is None:
         return
@@ -358,4 +358,12 @@ def _call_optional(module_name: str, function: str, *args: Any, only_if_imported
     try:
         target(*args)
     except Exception as error:
-        _complain(f"{module_name}.{function} failed", error)
+        _complain(f"{_FEATURES.get(module_name, module_name)} failed ({function})", error)
+
+
+# What the user knows the optional parts as, for the one line shown when one of them fails.
+_FEATURES = {
+    "gpumem._frontend": "the sidebar and status-bar link",
+    "gpumem.oom": "the out-of-memory explanation",
+    "gpumem.widget": "the live panel",
+}
