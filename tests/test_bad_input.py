@@ -207,3 +207,30 @@ def test_a_failing_optional_part_is_named_as_the_user_knows_it(
     finally:
         ip.run_cell("%unload_ext gpumem")
         set_default_monitor(None)
+
+
+def test_a_summary_line_always_has_figures_and_names_the_other_warnings() -> None:
+    from gpumem.cells import CellRecord, CellWarning
+    from gpumem.report import CellSummary
+
+    record = CellRecord(
+        serial=1,
+        execution_count=3,
+        first_line="x",
+        source_hash="",
+        started_wall_s=0.0,
+        duration_s=0.001,
+        status="ok",
+        error=None,
+        devices=(),
+        host=None,
+        variables=(),
+        variables_note="",
+        warnings=(CellWarning("leak", "grows"), CellWarning("graph", "graph kept"), CellWarning("capacity", "full")),
+        cuda_note="CUDA is not in use",
+        keep_peaks=False,
+        mode="auto",
+        quiet=False,
+    )
+    line = repr(CellSummary(record))
+    assert line == "gpumem [3] 1.0 ms: no memory figures (see %gpumem status) ⚠ grows (+2 more: graph, capacity)"

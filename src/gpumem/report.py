@@ -255,11 +255,13 @@ def _summary_text(record: CellRecord) -> str:
         )
     if record.host is not None:
         parts.append(f"host {format_delta(record.host.rss_delta_bytes)}")
-    line = f"gpumem {_cell_label(record)} {format_duration(record.duration_s)}: " + "; ".join(parts)
+    figures = "; ".join(parts) or "no memory figures (see %gpumem status)"
+    line = f"gpumem {_cell_label(record)} {format_duration(record.duration_s)}: {figures}"
     if record.status != "ok":
         line += f" [{record.status}]"
     if record.warnings:
-        more = f" (+{len(record.warnings) - 1} more, %gpumem history)" if len(record.warnings) > 1 else ""
+        others = record.warnings[1:]
+        more = f" (+{len(others)} more: {', '.join(w.kind for w in others)})" if others else ""
         line += f" {_WARN} {record.warnings[0].message}{more}"
     return line
 
