@@ -234,3 +234,40 @@ def test_a_summary_line_always_has_figures_and_names_the_other_warnings() -> Non
     )
     line = repr(CellSummary(record))
     assert line == "gpumem [3] 1.0 ms: no memory figures (see %gpumem status) ⚠ grows (+2 more: graph, capacity)"
+
+
+def test_the_variable_table_stays_aligned_with_long_types_and_devices() -> None:
+    from gpumem.cells import CellRecord, DeviceChange, VariableChange
+    from gpumem.report import CellReport
+
+    change = DeviceChange(0, 0, 3 * GIB, 0, 4 * GIB, 3 * GIB, True, "", 4 * GIB, None, None, None, False)
+    variables = (
+        VariableChange("model", "DistributedDataParallel", "cuda:0,cuda:1", 2 * GIB, None, False),
+        VariableChange("x", "Tensor", "cuda:0", GIB, 512 * MIB, False),
+    )
+    record = CellRecord(
+        serial=1,
+        execution_count=3,
+        first_line="x",
+        source_hash="",
+        started_wall_s=0.0,
+        duration_s=0.001,
+        status="ok",
+        error=None,
+        devices=(change,),
+        host=None,
+        variables=variables,
+        variables_note="new or grown since cell [2]",
+        warnings=(),
+        cuda_note=None,
+        keep_peaks=False,
+        mode="magic",
+        quiet=False,
+    )
+    lines = repr(CellReport(record)).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("  variables holding GPU memory"))
+    rows = lines[header + 1 : header + 3]
+    assert [row.index("GiB") for row in rows] == [rows[0].index("GiB")] * 2
+    assert rows[1].split() == ["x", "Tensor", "cuda:0", "1.0", "GiB", "+512.0", "MiB"]
+    used = next(line for line in lines if "device used" in line)
+    assert used.endswith("n/a (NVML unavailable)")  # no "[NVML, all processes]" after a figure it has not got

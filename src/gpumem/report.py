@@ -93,7 +93,7 @@ def _span(before: int, after: int) -> str:
 def _used_text(change: DeviceChange) -> str:
     if change.used_before_bytes is None or change.used_after_bytes is None:
         return "n/a (NVML unavailable)"
-    return _span(change.used_before_bytes, change.used_after_bytes)
+    return _span(change.used_before_bytes, change.used_after_bytes) + "  [NVML, all processes]"
 
 
 def _variable_status(change: VariableChange) -> str:
@@ -125,7 +125,7 @@ def _record_text(record: CellRecord, top: int) -> str:
         )
         lines.append(f"  {'':<8} reserved     {_span(change.reserved_before_bytes, change.reserved_after_bytes)}")
         lines.append(f"  {'':<8} peak         {_peak_text(change)}")
-        lines.append(f"  {'':<8} device used  {_used_text(change)}  [NVML, all processes]")
+        lines.append(f"  {'':<8} device used  {_used_text(change)}")
     if record.host is not None:
         host = record.host
         lines.append(f"  {'host':<8} RSS          {_span(host.rss_before_bytes, host.rss_after_bytes)}")
@@ -134,10 +134,13 @@ def _record_text(record: CellRecord, top: int) -> str:
         lines.append("  host     unavailable (see %gpumem status)")
     if record.variables:
         lines.append(f"  variables holding GPU memory, {record.variables_note}:")
-        width = max(len(variable.name) for variable in record.variables[:top])
-        for variable in record.variables[:top]:
+        shown = record.variables[:top]
+        width = max(len(variable.name) for variable in shown)
+        type_width = max(len(variable.type_name) for variable in shown)
+        device_width = max(len(variable.device) for variable in shown)
+        for variable in shown:
             lines.append(
-                f"    {variable.name:<{width}}  {variable.type_name:<12} {variable.device:<7} "
+                f"    {variable.name:<{width}}  {variable.type_name:<{type_width}}  {variable.device:<{device_width}}  "
                 f"{format_bytes(variable.nbytes):>10}  {_variable_status(variable)}"
             )
         if len(record.variables) > top:
