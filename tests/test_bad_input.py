@@ -271,3 +271,10 @@ def test_the_variable_table_stays_aligned_with_long_types_and_devices() -> None:
     assert rows[1].split() == ["x", "Tensor", "cuda:0", "1.0", "GiB", "+512.0", "MiB"]
     used = next(line for line in lines if "device used" in line)
     assert used.endswith("n/a (NVML unavailable)")  # no "[NVML, all processes]" after a figure it has not got
+
+
+def test_free_counts_objects_in_words() -> None:
+    from gpumem.cleanup import FreeResult
+
+    assert "gc collected 1 object\n" in FreeResult((), False, (), (), 1, 0.0, "note").describe()
+    assert "gc collected 2 objects" in FreeResult((), False, (), (), 2, 0.0).describe()

@@ -273,7 +273,7 @@ def describe_free(outcome: FreeOutcome) -> tuple[str, bool]:
         )
     if outcome.host_rss_freed_bytes is not None:
         parts.append(f"host RSS {format_delta(-outcome.host_rss_freed_bytes)}")
-    parts.append(f"gc collected {result.collected_objects} objects")
+    parts.append(f"gc collected {result.collected_objects} object{'' if result.collected_objects == 1 else 's'}")
     if result.released:
         parts.append("released " + ", ".join(result.released))
     if result.kept:

@@ -74,12 +74,13 @@ class FreeResult(NamedTuple):
 
     def describe(self) -> str:
         """Plain text: per device, then the references released and kept."""
-        lines = [f"gpumem free{' --deep' if self.deep else ''}: gc collected {self.collected_objects} objects"]
+        objects = f"{self.collected_objects} object{'' if self.collected_objects == 1 else 's'}"
+        lines = [f"gpumem free{' --deep' if self.deep else ''}: gc collected {objects}"]
         for d in self.devices:
             lines.append(
-                f"  cuda:{d.device}  allocated {format_bytes(d.allocated_before_bytes)} -> "
+                f"  cuda:{d.device}  allocated {format_bytes(d.allocated_before_bytes)} \u2192 "
                 f"{format_bytes(d.allocated_after_bytes)} ({format_delta(-d.allocated_reclaimed_bytes)}), "
-                f"reserved {format_bytes(d.reserved_before_bytes)} -> {format_bytes(d.reserved_after_bytes)} "
+                f"reserved {format_bytes(d.reserved_before_bytes)} \u2192 {format_bytes(d.reserved_after_bytes)} "
                 f"({format_delta(-d.reserved_reclaimed_bytes)})"
             )
         if self.note:
