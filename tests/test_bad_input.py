@@ -278,3 +278,40 @@ def test_free_counts_objects_in_words() -> None:
 
     assert "gc collected 1 object\n" in FreeResult((), False, (), (), 1, 0.0, "note").describe()
     assert "gc collected 2 objects" in FreeResult((), False, (), (), 2, 0.0).describe()
+
+
+# A real kernel -----------------------------------------------------------------------------------
+
+
+def test_bad_input_in_a_real_kernel_is_one_line_and_keeps_the_data(jupyter_env: Any, tmp_path: Path) -> None:
+    from _harness import make_notebook, run_notebook
+
+    bad = [
+        "%gpumem auto --threshold 1e400",
+        "%%gpumem -d cuda:x\nran = True",
+        f'%gpumem history --csv "{tmp_path}/no such dir/x.csv"',
+        '%gpumem history --json "unbalanced',
+        "%gpumem nosuch",
+    ]
+    cells = [
+        "%load_ext gpumem",
+        "data = list(range(1000))",
+        *bad,
+        "%%gpumem\nraise SystemExit(3)",
+        "%%gpumem\nraise KeyboardInterrupt",
+        f'%gpumem history --csv "{tmp_path}/cells with space.csv"',
+        "print(len(data), 'ran' in globals())",
+    ]
+    notebook = make_notebook(tmp_path / "bad.ipynb", cells)
+    nb = run_notebook(notebook, jupyter_env=jupyter_env, timeout=120, allow_errors=True)
+    for cell in nb.cells[2 : 2 + len(bad)]:
+        streams = [out for out in cell.outputs if out.output_type == "stream"]
+        assert [out.output_type for out in cell.outputs] == ["stream"], (cell.source, cell.outputs)
+        assert streams[0].name == "stderr" and streams[0].text.startswith("UsageError: %")
+        assert len(streams[0].text.strip().splitlines()) == 1, streams[0].text
+    exit_cell, interrupt_cell = nb.cells[2 + len(bad)], nb.cells[3 + len(bad)]
+    for cell, status in ((exit_cell, "error: SystemExit: 3"), (interrupt_cell, "interrupted")):
+        reports = [out for out in cell.outputs if out.output_type == "display_data"]
+        assert status in reports[0].data["text/plain"].splitlines()[0]
+    assert (tmp_path / "cells with space.csv").read_text().count("\n") == 3  # header and the two cells
+    assert nb.cells[-1].outputs[0].text == "1000 False\n"
