@@ -315,3 +315,20 @@ def test_bad_input_in_a_real_kernel_is_one_line_and_keeps_the_data(jupyter_env: 
         assert status in reports[0].data["text/plain"].splitlines()[0]
     assert (tmp_path / "cells with space.csv").read_text().count("\n") == 3  # header and the two cells
     assert nb.cells[-1].outputs[0].text == "1000 False\n"
+
+
+def test_a_timeline_refuses_what_would_corrupt_it() -> None:
+    from gpumem.timeline import Timeline
+
+    timeline = Timeline()
+    timeline.append(1.0, {"a": 1.0})
+    with pytest.raises(ValueError, match="time_s must be a finite number"):
+        timeline.append(float("nan"), {"a": 2.0})
+    with pytest.raises(TypeError, match="channel 'a' must be a number"):
+        timeline.append(2.0, {"a": "x"})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="label must be a string"):
+        Monitor(FakeSource()).mark(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="time order"):
+        timeline.append(0.5, {"a": 3.0})  # the NaN was not taken as the last time
+    timeline.append(3.0, {"a": 4.0})
+    assert timeline.window().values == {"a": [1.0, 4.0]}

@@ -8,6 +8,7 @@ was ever sampled is still visible at every zoom level.
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from array import array
 from collections import deque
@@ -142,6 +143,11 @@ class Timeline:
 
     def append(self, time_s: float, values: Mapping[str, float]) -> None:
         """Add one sample; times must not go backwards (a monotonic clock)."""
+        if not math.isfinite(time_s):
+            raise ValueError(f"time_s must be a finite number of seconds, not {time_s!r}")
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"the value of channel {name!r} must be a number, not {value!r}")
         with self._lock:
             if time_s < self._last_time:
                 raise ValueError("samples must be appended in time order")
@@ -167,6 +173,8 @@ class Timeline:
         bucket.add(values)
 
     def add_mark(self, time_s: float, label: str) -> None:
+        if not isinstance(label, str):
+            raise TypeError(f"a mark's label must be a string, not {label!r}")
         with self._lock:
             self._marks.append(Mark(time_s, label))
 
