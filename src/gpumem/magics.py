@@ -153,7 +153,7 @@ def parse_cell_options(line: str) -> CellRequest:
         raise UsageError(f"--top must be 0 or more, not {args.top}")
     devices = parse_devices(args.device) if args.device else None
     if devices:
-        _check_devices_exist(devices)
+        check_devices_exist(devices)
     options = CellOptions(
         devices=devices,
         keep_peaks=bool(args.keep_peaks),
@@ -164,15 +164,19 @@ def parse_cell_options(line: str) -> CellRequest:
     return CellRequest(options, args.top)
 
 
-def _check_devices_exist(devices: tuple[int, ...]) -> None:
-    """Reject indices past the devices CUDA reports (only knowable once CUDA is initialized)."""
-    from . import _extension
+def check_devices_exist(devices: tuple[int, ...], source: Any = None) -> None:
+    """Reject indices past the devices CUDA reports (only knowable once CUDA is initialized).
 
-    state = _extension.get_state()
-    if state is None:
-        return
+    ``source`` defaults to the loaded extension's (else the shared monitor's) memory source.
+    """
+    if source is None:
+        from . import _extension
+        from .monitor import default_monitor
+
+        state = _extension.get_state()
+        source = state.monitor.source if state is not None else default_monitor().source
     try:
-        visible = tuple(state.monitor.source.cuda_devices())
+        visible = tuple(source.cuda_devices())
     except Exception:
         return
     missing = [device for device in devices if device not in visible]

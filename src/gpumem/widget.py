@@ -151,6 +151,15 @@ def _panel_options(args: Namespace) -> dict[str, Any]:
         raise UsageError(str(error)) from None
 
 
+def _check_device(options: dict[str, Any]) -> None:
+    """A device CUDA does not have is a usage error, as for %%gpumem (unknown until CUDA starts)."""
+    if options["device"] is not None:
+        from .magics import check_devices_exist
+        from .monitor import default_monitor
+
+        check_devices_exist((options["device"],), default_monitor().source)
+
+
 def _has_kernel(shell: Any) -> bool:
     return getattr(shell, "kernel", None) is not None
 
@@ -177,6 +186,7 @@ def magic_monitor(shell: Any, line: str) -> None:
         print(f"Closed {count} panel{'s' if count != 1 else ''}.")
         return
     options = _panel_options(args)
+    _check_device(options)
     if not _has_kernel(shell):
         print(_NO_KERNEL)
         return
@@ -197,6 +207,7 @@ def magic_sidebar(shell: Any, line: str) -> None:
     """
     args = parse_argstring(magic_sidebar, line)
     options = _panel_options(args)
+    _check_device(options)
     if not _has_kernel(shell):
         print(_NO_KERNEL)
         return
