@@ -334,7 +334,7 @@ def test_a_timeline_refuses_what_would_corrupt_it() -> None:
     assert timeline.window().values == {"a": [1.0, 4.0]}
 
 
-@pytest.mark.parametrize("subcommand", ["monitor", "sidebar"])
+@pytest.mark.parametrize("subcommand", ["monitor", "sidebar", "who"])
 def test_the_panel_refuses_a_device_that_does_not_exist(shell: Any, subcommand: str) -> None:
     message = usage_error(shell, f"%gpumem {subcommand} -d 3")
     assert f"%gpumem {subcommand}: --device cuda:3: no such device; this process sees 2 CUDA devices" in message

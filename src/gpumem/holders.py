@@ -1328,9 +1328,16 @@ def _parse_who(line: str) -> Any:
     if options.depth < 1:
         raise UsageError(f"%gpumem who: --depth takes a whole number >= 1, got {options.depth}")
     try:
-        parse_device(options.device)
+        kind, index = parse_device(options.device)
     except ValueError as error:
         raise UsageError(f"%gpumem who: {error}") from None
+    if kind == "cuda" and index is not None:
+        from .magics import check_devices_exist
+
+        try:
+            check_devices_exist((index,))
+        except UsageError as error:
+            raise UsageError(f"%gpumem who: {error}") from None
     return options
 
 
