@@ -145,6 +145,32 @@ def test_reset_after_an_unsampled_spike_is_reported(gpu: Any) -> None:
     assert change.peak_above_start_bytes >= 2 * GIB  # a lower bound; the true peak was 4 GiB above start
 
 
+def test_measure_nested_in_a_measured_cell_keeps_the_cells_peak_exact(gpu: Any) -> None:
+    """A gpumem.measure block inside a %%gpumem cell leaves the counters alone: both records are true."""
+    cell = (
+        "%%gpumem\n"
+        "import gpumem\n"
+        "spike = torch.empty(2 << 30, dtype=torch.uint8, device='cuda:0'); del spike\n"
+        "with gpumem.measure('inner') as inner:\n"
+        "    kept = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')\n"
+    )
+    assert run_cell_capture(gpu, cell)[0].success
+    outer = device0(last())
+    assert outer.peak_exact and outer.peak_above_start_bytes == 2 * GIB and outer.allocated_delta_bytes == GIB
+    inner = gpu.user_ns["inner"].record
+    assert inner.keep_peaks and device0(inner).allocated_delta_bytes == GIB
+    torch = gpu.user_ns["torch"]
+    assert torch._C._cuda_resetPeakMemoryStats.__name__ != "counting_reset"  # unwrapped between cells
+
+
+def test_a_device_past_the_last_is_refused(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    missing = torch.cuda.device_count()
+    result, cap = run_cell_capture(gpu, f"%%gpumem -d {missing}\nran = True")
+    assert "no such device" in cap.stderr and "ran" not in gpu.user_ns
+    assert not result.success
+
+
 def test_out_of_memory_is_recorded(gpu: Any) -> None:
     result, _cap = run_cell_capture(gpu, "%%gpumem\nhuge = torch.empty(1 << 50, dtype=torch.uint8, device='cuda:0')")
     assert not result.success
