@@ -467,8 +467,8 @@ GPU memory tools for PyTorch: where did my GPU memory go?
 %gpumem [SUBCOMMAND] [options]     (no subcommand: the live panel, like %gpumem monitor)
 %%gpumem [options]                 measure the cell below it (see the options further down)
 
-Subcommands: {names}. Each is described below (%gpumem SUBCOMMAND -h shows one); bad options give a
-one-line error.
+Subcommands: {names}.
+Each is described below (%gpumem SUBCOMMAND -h shows one); bad options give a one-line error.
 """
 
 
