@@ -338,3 +338,16 @@ def test_a_timeline_refuses_what_would_corrupt_it() -> None:
 def test_the_panel_refuses_a_device_that_does_not_exist(shell: Any, subcommand: str) -> None:
     message = usage_error(shell, f"%gpumem {subcommand} -d 3")
     assert f"%gpumem {subcommand}: --device cuda:3: no such device; this process sees 2 CUDA devices" in message
+
+
+def test_a_panel_with_a_wrong_monitor_or_point_count_names_the_parameter(capsys: pytest.CaptureFixture[str]) -> None:
+    import gc
+
+    from gpumem import Panel
+
+    with pytest.raises(TypeError, match=r"Panel\(monitor=\.\.\.\) takes a gpumem.Monitor, not object"):
+        Panel(monitor=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="points_per_line must be a whole number"):
+        Panel(Monitor(FakeSource()), points_per_line="x", autostart=False)  # type: ignore[arg-type]
+    gc.collect()
+    assert "Traceback" not in capsys.readouterr().err  # nothing half-built left to fail in __del__

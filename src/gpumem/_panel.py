@@ -353,6 +353,10 @@ class Panel(widgets.VBox):  # type: ignore[misc]
         compact: bool = False,
         shell: Any = None,
     ) -> None:
+        if monitor is not None and not isinstance(monitor, Monitor):
+            raise TypeError(f"Panel(monitor=...) takes a gpumem.Monitor, not {type(monitor).__name__}")
+        if isinstance(points_per_line, bool) or not isinstance(points_per_line, int):
+            raise TypeError(f"points_per_line must be a whole number between 4 and 2000, not {points_per_line!r}")
         options = PanelOptions(
             window_s=parse_window(window),
             device=parse_device(device),
@@ -360,7 +364,7 @@ class Panel(widgets.VBox):  # type: ignore[misc]
             rate_hz=parse_rate(rate_hz),
             show_host=bool(host),
             full_scale=bool(full_scale),
-            points_per_line=int(points_per_line),
+            points_per_line=points_per_line,
         )
         if not 4 <= options.points_per_line <= 2000:
             raise ValueError(f"points_per_line must be between 4 and 2000, not {points_per_line!r}")
