@@ -5,6 +5,7 @@ Magics run in the real in-process IPython shell; the CUDA side is a fake allocat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -351,3 +352,24 @@ def test_a_panel_with_a_wrong_monitor_or_point_count_names_the_parameter(capsys:
         Panel(Monitor(FakeSource()), points_per_line="x", autostart=False)  # type: ignore[arg-type]
     gc.collect()
     assert "Traceback" not in capsys.readouterr().err  # nothing half-built left to fail in __del__
+
+
+def test_status_says_when_the_sampler_cannot_read(
+    shell: Any, fake: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*, process_memory: bool = False) -> Any:
+        raise OSError("driver went away")
+
+    state = _extension.get_state()
+    assert state is not None
+    sampler = state.monitor.sampler
+    monkeypatch.setattr(fake, "snapshot", broken)
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sampler.last_error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        sampler.stop()
+    _result, cap = run_cell_capture(shell, "%gpumem status")
+    assert "the last read failed: OSError: driver went away" in cap.stdout

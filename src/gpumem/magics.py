@@ -432,6 +432,8 @@ def magic_status(shell: Any, line: str) -> None:
     else:
         taken = "no samples taken yet"
     lines.append(f"  sampler  {running}; {taken}")
+    if sampler.last_error:
+        lines.append(f"           the last read failed: {sampler.last_error}")
     lines.append("  auto     " + auto_mode_text(state).removeprefix("gpumem automatic mode is "))
     cells = _count(len(state.tracker.history), "cell")
     lines.append(f"  history  {cells} recorded (keeps up to {state.tracker.history_size:,})")
