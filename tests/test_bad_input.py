@@ -373,3 +373,23 @@ def test_status_says_when_the_sampler_cannot_read(
         sampler.stop()
     _result, cap = run_cell_capture(shell, "%gpumem status")
     assert "the last read failed: OSError: driver went away" in cap.stdout
+
+
+def test_a_start_that_failed_does_not_leave_later_cells_with_kept_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSource()
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    original = fake.snapshot
+
+    def failing(*, process_memory: bool = False) -> Any:
+        raise OSError("device lost")
+
+    monkeypatch.setattr(fake, "snapshot", failing)
+    with pytest.raises(OSError) as failure:
+        tracker.begin("first")
+    monkeypatch.setattr(fake, "snapshot", original)
+    fake.transient(GIB)
+    record = tracker.end(tracker.begin("second"))
+    # The kept traceback (IPython keeps the last one too) still holds the half-started cell; it must not
+    # count as running, or the counters would not be reset and the peak would not be exact.
+    assert failure.traceback and not record.keep_peaks
+    tracker.close()

@@ -477,37 +477,41 @@ class CellTracker:
             _running.add(cell)
         if not options.keep_peaks and _others_running(cell):
             options = cell.options = options._replace(keep_peaks=True)
-        if options.attribute and options.mode == "magic" and namespace is not None:
-            cell.baseline = self._attribute(namespace, options.devices, None)
-            self._baseline_signatures = _signatures(namespace)
-        source_ = self.monitor.source
-        start = self.monitor.snapshot()
-        self._ensure_sampling()
-        reset: list[int] = []
-        if not options.keep_peaks:
-            reset = [
-                reading.device
-                for reading in start.allocator
-                if _selected(reading.device, options.devices)
-                and (
-                    reading.peak_allocated_bytes > reading.allocated_bytes
-                    or reading.peak_reserved_bytes > reading.reserved_bytes
-                )
-            ]
-            if reset:
-                try:
-                    source_.reset_peaks(reset)
-                except Exception:
-                    reset = []
-        cell.start = start
-        cell.reset_devices = frozenset(reset)
-        self._resets.install()
-        cell.resets_at_start = self._resets.snapshot()
-        cell.take_sample(start)
-        if execution_count is not None:
-            self.monitor.mark(f"[{execution_count}]", start.monotonic_s)
-        with self._lock:
-            self._active.append(cell)
+        try:
+            if options.attribute and options.mode == "magic" and namespace is not None:
+                cell.baseline = self._attribute(namespace, options.devices, None)
+                self._baseline_signatures = _signatures(namespace)
+            source_ = self.monitor.source
+            start = self.monitor.snapshot()
+            self._ensure_sampling()
+            reset: list[int] = []
+            if not options.keep_peaks:
+                reset = [
+                    reading.device
+                    for reading in start.allocator
+                    if _selected(reading.device, options.devices)
+                    and (
+                        reading.peak_allocated_bytes > reading.allocated_bytes
+                        or reading.peak_reserved_bytes > reading.reserved_bytes
+                    )
+                ]
+                if reset:
+                    try:
+                        source_.reset_peaks(reset)
+                    except Exception:
+                        reset = []
+            cell.start = start
+            cell.reset_devices = frozenset(reset)
+            self._resets.install()
+            cell.resets_at_start = self._resets.snapshot()
+            cell.take_sample(start)
+            if execution_count is not None:
+                self.monitor.mark(f"[{execution_count}]", start.monotonic_s)
+            with self._lock:
+                self._active.append(cell)
+        except BaseException:
+            cell.finished = True  # a start that failed must not keep other cells from resetting peaks
+            raise
         cell.started_perf_s = time.perf_counter()
         return cell
 
