@@ -393,3 +393,25 @@ def test_a_start_that_failed_does_not_leave_later_cells_with_kept_peaks(monkeypa
     # count as running, or the counters would not be reset and the peak would not be exact.
     assert failure.traceback and not record.keep_peaks
     tracker.close()
+
+
+def test_ctrl_c_inside_gpumems_own_work_is_one_line(
+    shell: Any, fake: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _extension.get_state()
+    assert state is not None
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(state.tracker, "holder_finder", interrupted)
+    result, cap = run_cell_capture(shell, "%%gpumem\nh = src.allocate(MIB)")
+    assert result.success and "Error in callback" not in cap.stdout and "Traceback" not in cap.stdout
+    assert "variables: inspection interrupted" in cap.outputs[-1].data["text/plain"]
+    assert state.tracker.history[-1].devices[0].allocated_delta_bytes == MIB
+
+    monkeypatch.setattr(fake, "snapshot", interrupted)
+    result, cap = run_cell_capture(shell, "%%gpumem\nran = True")
+    assert result.success and shell.user_ns["ran"] is True  # the cell itself still ran
+    assert cap.stderr.strip() == "gpumem: could not start measuring this cell: KeyboardInterrupt"
+    assert "Error in callback" not in cap.stdout

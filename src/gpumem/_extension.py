@@ -68,6 +68,10 @@ class _Pending(NamedTuple):
     request: magics.CellRequest | None
 
 
+# The request of a cell whose measurement could not start (compared by identity).
+_NOT_MEASURED = magics.CellRequest(CellOptions(), None)
+
+
 class ExtensionState:
     """Everything the loaded extension owns; other modules add cleanup with :meth:`on_unload`."""
 
@@ -123,8 +127,9 @@ class ExtensionState:
     def pre_run_cell(self, info: Any) -> None:
         try:
             self._begin(info)
-        except Exception as error:
-            self._stack.append(_Pending(info, None, None))
+        except (Exception, KeyboardInterrupt) as error:
+            # Not measured, and marked so that the %%gpumem header line does not try (and complain) again.
+            self._stack.append(_Pending(info, None, _NOT_MEASURED))
             _complain("could not start measuring this cell", error)
 
     def _begin(self, info: Any) -> None:
@@ -156,7 +161,7 @@ class ExtensionState:
             return
         try:
             self._finish(pending, result)
-        except Exception as error:
+        except (Exception, KeyboardInterrupt) as error:
             _complain("could not finish measuring this cell", error)
 
     def _pop(self, result: Any) -> _Pending | None:
@@ -214,7 +219,7 @@ class ExtensionState:
         try:
             record = self.tracker.end(active, error=error, namespace=self.shell.user_ns, options=request.options)
             self.show(record, request)
-        except Exception as failure:
+        except (Exception, KeyboardInterrupt) as failure:
             _complain("could not finish measuring this cell", failure)
 
     def show(self, record: CellRecord, request: magics.CellRequest | None) -> None:
@@ -245,9 +250,14 @@ class ExtensionState:
         if outer.active is None:
             count = self.running_cell_number()
             source = getattr(outer.info, "raw_cell", "") or ""
-            active = self.tracker.begin(
-                source, options=request.options, execution_count=count, namespace=self.shell.user_ns
-            )
+            try:
+                active = self.tracker.begin(
+                    source, options=request.options, execution_count=count, namespace=self.shell.user_ns
+                )
+            except (Exception, KeyboardInterrupt) as error:
+                self._stack[0] = outer._replace(request=_NOT_MEASURED)
+                _complain("could not start measuring this cell", error)
+                return
             outer = outer._replace(active=active)
         self._stack[0] = outer._replace(request=request)
 
@@ -261,7 +271,8 @@ class ExtensionState:
 
 
 def _complain(what: str, error: BaseException) -> None:
-    print(f"gpumem: {what}: {type(error).__name__}: {error}", file=sys.stderr)
+    detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    print(f"gpumem: {what}: {detail}", file=sys.stderr)
 
 
 _state: ExtensionState | None = None

@@ -806,6 +806,9 @@ class CellTracker:
         device = f"cuda:{devices[0]}" if devices is not None and len(devices) == 1 else "cuda"
         try:
             report = self.holder_finder(namespace, device, names)
+        except KeyboardInterrupt:
+            # Ctrl-C while gpumem walks the namespace (the user's code is not running): stop the walk only.
+            return _Attribution({}, "inspection interrupted", False)
         except ImportError as error:
             return _Attribution({}, f"variable attribution unavailable: {error}", False)
         except Exception as error:
