@@ -415,3 +415,16 @@ def test_ctrl_c_inside_gpumems_own_work_is_one_line(
     assert result.success and shell.user_ns["ran"] is True  # the cell itself still ran
     assert cap.stderr.strip() == "gpumem: could not start measuring this cell: KeyboardInterrupt"
     assert "Error in callback" not in cap.stdout
+
+
+def test_a_failing_start_under_time_still_runs_the_body(
+    shell: Any, fake: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("device lost")
+
+    monkeypatch.setattr(fake, "snapshot", broken)
+    result, cap = run_cell_capture(shell, "%%time\n%%gpumem\nran = 6 * 7")
+    assert result.success and shell.user_ns["ran"] == 42
+    assert "gpumem: could not start measuring this cell: OSError: device lost" in cap.stderr
+    assert "Traceback" not in cap.stdout + cap.stderr

@@ -259,9 +259,13 @@ def _cell_magic(shell: Any, line: str, body: str) -> Any:
         raise UsageError("gpumem is not loaded: run %load_ext gpumem")
     if state.adopt_cell_request(request):
         return _run_body(shell, body)
-    cell = state.tracker.begin(
-        body, options=request.options, execution_count=state.running_cell_number(), namespace=shell.user_ns
-    )
+    try:
+        cell = state.tracker.begin(
+            body, options=request.options, execution_count=state.running_cell_number(), namespace=shell.user_ns
+        )
+    except (Exception, KeyboardInterrupt) as failure:
+        _extension._complain("could not start measuring this cell", failure)
+        return _run_body(shell, body)  # the user's code runs all the same
     error: BaseException | None = None
     try:
         return _run_body(shell, body)
