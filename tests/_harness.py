@@ -133,13 +133,23 @@ def cuda_status() -> dict[str, Any]:
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", _CUDA_PROBE],
-                capture_output=True, text=True, timeout=300, env=env, check=False,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=env,
+                check=False,
             )
             lines = proc.stdout.strip().splitlines()
-            status: dict[str, Any] = json.loads(lines[-1]) if lines else {
-                "torch": None, "available": False, "count": 0,
-                "error": f"probe failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}",
-            }
+            status: dict[str, Any] = (
+                json.loads(lines[-1])
+                if lines
+                else {
+                    "torch": None,
+                    "available": False,
+                    "count": 0,
+                    "error": f"probe failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}",
+                }
+            )
         except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
             status = {"torch": None, "available": False, "count": 0, "error": f"probe failed: {exc!r}"}
         if status["torch"] is None:
@@ -267,8 +277,7 @@ def ip() -> Iterator[InteractiveShell]:
         reset_shell(shell)
 
 
-def run_cell_capture(shell: InteractiveShell, code: str, *, raise_on_error: bool = False
-                     ) -> tuple[Any, CapturedIO]:
+def run_cell_capture(shell: InteractiveShell, code: str, *, raise_on_error: bool = False) -> tuple[Any, CapturedIO]:
     """Run ``code`` like a notebook cell; return ``(ExecutionResult, CapturedIO)``.
 
     ``CapturedIO`` has ``.stdout``, ``.stderr`` and ``.outputs`` (rich ``display()`` outputs, each with
@@ -320,35 +329,43 @@ def make_jupyter_env(base: Path) -> JupyterEnv:
     kernels_dir = data_dir / "kernels"
     spec_dir = kernels_dir / "python3"
     spec_dir.mkdir(parents=True, exist_ok=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (ipykernel)",
-        "language": "python",
-        "metadata": {"debugger": False},
-        "env": {"PYTHONPATH": pythonpath, "IPYTHONDIR": str(ipython_dir)},
-    }, indent=1))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (ipykernel)",
+                "language": "python",
+                "metadata": {"debugger": False},
+                "env": {"PYTHONPATH": pythonpath, "IPYTHONDIR": str(ipython_dir)},
+            },
+            indent=1,
+        )
+    )
     # Quiet, deterministic front end: no news/update toasts, every cell in the DOM.
     settings = config_dir / "lab" / "user-settings" / "@jupyterlab"
     (settings / "apputils-extension").mkdir(parents=True, exist_ok=True)
     (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     (settings / "notebook-extension").mkdir(parents=True, exist_ok=True)
-    (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
-        json.dumps({"windowingMode": "none"}))
+    (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     env = dict(os.environ)
-    env.update({
-        "JUPYTER_DATA_DIR": str(data_dir),
-        "JUPYTER_CONFIG_DIR": str(config_dir),
-        "JUPYTER_RUNTIME_DIR": str(runtime_dir),
-        "JUPYTER_PATH": str(data_dir),
-        "JUPYTER_PLATFORM_DIRS": "1",
-        "IPYTHONDIR": str(ipython_dir),
-        "PYTHONPATH": pythonpath,
-        "PYTHONUNBUFFERED": "1",
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-    })
-    return JupyterEnv(base=base, env=env, data_dir=data_dir, config_dir=config_dir,
-                      runtime_dir=runtime_dir, kernels_dir=kernels_dir)
+    env.update(
+        {
+            "JUPYTER_DATA_DIR": str(data_dir),
+            "JUPYTER_CONFIG_DIR": str(config_dir),
+            "JUPYTER_RUNTIME_DIR": str(runtime_dir),
+            "JUPYTER_PATH": str(data_dir),
+            "JUPYTER_PLATFORM_DIRS": "1",
+            "IPYTHONDIR": str(ipython_dir),
+            "PYTHONPATH": pythonpath,
+            "PYTHONUNBUFFERED": "1",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        }
+    )
+    return JupyterEnv(
+        base=base, env=env, data_dir=data_dir, config_dir=config_dir, runtime_dir=runtime_dir, kernels_dir=kernels_dir
+    )
 
 
 @pytest.fixture(scope="session")
@@ -356,8 +373,12 @@ def jupyter_env(tmp_path_factory: pytest.TempPathFactory) -> JupyterEnv:
     return make_jupyter_env(tmp_path_factory.mktemp("jupyter-env"))
 
 
-def make_notebook(path: str | os.PathLike[str], cells: Sequence[str | Mapping[str, Any]] = (),
-                  *, metadata: Mapping[str, Any] | None = None) -> Path:
+def make_notebook(
+    path: str | os.PathLike[str],
+    cells: Sequence[str | Mapping[str, Any]] = (),
+    *,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
     """Write a notebook (nbformat v4) with code cells from ``cells`` to ``path`` and return the path.
 
     A cell is a source string (code cell) or ``{"cell_type": "markdown", "source": ...}``. The notebook
@@ -367,10 +388,12 @@ def make_notebook(path: str | os.PathLike[str], cells: Sequence[str | Mapping[st
     from nbformat import v4
 
     nb = v4.new_notebook()
-    nb.metadata.update({
-        "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-        "language_info": {"name": "python"},
-    })
+    nb.metadata.update(
+        {
+            "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+            "language_info": {"name": "python"},
+        }
+    )
     if metadata:
         nb.metadata.update(metadata)
     for cell in cells:
@@ -386,8 +409,14 @@ def make_notebook(path: str | os.PathLike[str], cells: Sequence[str | Mapping[st
     return out
 
 
-def run_notebook(nb_or_path: Any, *, jupyter_env: JupyterEnv | None = None, timeout: float = 300,
-                 cwd: str | os.PathLike[str] | None = None, allow_errors: bool = False) -> Any:
+def run_notebook(
+    nb_or_path: Any,
+    *,
+    jupyter_env: JupyterEnv | None = None,
+    timeout: float = 300,
+    cwd: str | os.PathLike[str] | None = None,
+    allow_errors: bool = False,
+) -> Any:
     """Execute a notebook (``NotebookNode`` or path) in a real ``python3`` kernel with nbclient.
 
     Returns the executed ``NotebookNode``. Pass the ``jupyter_env`` fixture to use its kernelspec
@@ -398,19 +427,24 @@ def run_notebook(nb_or_path: Any, *, jupyter_env: JupyterEnv | None = None, time
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    nb = nbformat.read(str(nb_or_path), as_version=4) if isinstance(nb_or_path, (str, os.PathLike)) \
-        else nb_or_path
+    nb = nbformat.read(str(nb_or_path), as_version=4) if isinstance(nb_or_path, (str, os.PathLike)) else nb_or_path
     if cwd is None:
         cwd = Path(nb_or_path).parent if isinstance(nb_or_path, (str, os.PathLike)) else os.getcwd()
     with contextlib.ExitStack() as stack:
         if jupyter_env is None:
-            jupyter_env = make_jupyter_env(Path(stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="gpumem-nbclient-"))))
+            jupyter_env = make_jupyter_env(
+                Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpumem-nbclient-")))
+            )
         ksm = KernelSpecManager(kernel_dirs=[str(jupyter_env.kernels_dir)], ensure_native_kernel=False)
         km = KernelManager(kernel_name=jupyter_env.kernel_name, kernel_spec_manager=ksm)
-        client = NotebookClient(nb, km=km, timeout=int(timeout), allow_errors=allow_errors,
-                                resources={"metadata": {"path": str(cwd)}},
-                                kernel_name=jupyter_env.kernel_name)
+        client = NotebookClient(
+            nb,
+            km=km,
+            timeout=int(timeout),
+            allow_errors=allow_errors,
+            resources={"metadata": {"path": str(cwd)}},
+            kernel_name=jupyter_env.kernel_name,
+        )
         client.execute()
     return nb
 
@@ -488,7 +522,9 @@ class JupyterServer:
         """Call the server's REST API (``path`` like ``"api/kernels"``); return the decoded JSON."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
-            f"{self.url}{path.lstrip('/')}", data=data, method=method,
+            f"{self.url}{path.lstrip('/')}",
+            data=data,
+            method=method,
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -573,9 +609,14 @@ def _stop_server(server: JupyterServer) -> None:
 
 
 @contextlib.contextmanager
-def start_jupyter_server(app: str = "lab", *, root_dir: Path, env: JupyterEnv,
-                         extra_args: Sequence[str] = (), timeout: float = SERVER_START_TIMEOUT,
-                         ) -> Iterator[JupyterServer]:
+def start_jupyter_server(
+    app: str = "lab",
+    *,
+    root_dir: Path,
+    env: JupyterEnv,
+    extra_args: Sequence[str] = (),
+    timeout: float = SERVER_START_TIMEOUT,
+) -> Iterator[JupyterServer]:
     """Start ``jupyter lab`` (``app="lab"``) or Notebook 7 (``app="notebook"``) and stop it on exit.
 
     It listens on 127.0.0.1 on a free port with a random token, serves ``root_dir``, runs kernels with
@@ -591,15 +632,23 @@ def start_jupyter_server(app: str = "lab", *, root_dir: Path, env: JupyterEnv,
         url = f"http://127.0.0.1:{port}/"
         log_path = env.base / f"{app}-server-{port}.log"
         cmd = [
-            sys.executable, "-m", module,
-            "--no-browser", "--ServerApp.open_browser=False",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+            sys.executable,
+            "-m",
+            module,
+            "--no-browser",
+            "--ServerApp.open_browser=False",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={root_dir}",
             "--ServerApp.disable_check_xsrf=True",
             # window.jupyterapp lets the helpers read the kernel's state from the front end.
-            *(["--LabApp.news_url=", "--LabApp.expose_app_in_browser=True"] if app == "lab"
-              else ["--JupyterNotebookApp.expose_app_in_browser=True"]),
+            *(
+                ["--LabApp.news_url=", "--LabApp.expose_app_in_browser=True"]
+                if app == "lab"
+                else ["--JupyterNotebookApp.expose_app_in_browser=True"]
+            ),
             "--ServerApp.shutdown_no_activity_timeout=0",
             "--KernelSpecManager.ensure_native_kernel=False",
             "--MappingKernelManager.cull_idle_timeout=0",
@@ -608,10 +657,18 @@ def start_jupyter_server(app: str = "lab", *, root_dir: Path, env: JupyterEnv,
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         log_file = open(log_path, "wb")  # noqa: SIM115 - kept open for the server's lifetime
-        proc = subprocess.Popen(cmd, cwd=root_dir, env=env.env, stdout=log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        server = JupyterServer(app=app, url=url, token=token, root_dir=root_dir, process=proc,
-                               log_path=log_path, env=env)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root_dir,
+            env=env.env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        server = JupyterServer(
+            app=app, url=url, token=token, root_dir=root_dir, process=proc, log_path=log_path, env=env
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None and not _status_ok(url, token):
             time.sleep(0.25)
@@ -634,19 +691,16 @@ def start_jupyter_server(app: str = "lab", *, root_dir: Path, env: JupyterEnv,
 
 
 @pytest.fixture(scope="session")
-def jupyter_server(tmp_path_factory: pytest.TempPathFactory, jupyter_env: JupyterEnv
-                   ) -> Iterator[JupyterServer]:
+def jupyter_server(tmp_path_factory: pytest.TempPathFactory, jupyter_env: JupyterEnv) -> Iterator[JupyterServer]:
     """A JupyterLab server for the whole session; ``root_dir`` is a fresh temporary directory."""
     with start_jupyter_server("lab", root_dir=tmp_path_factory.mktemp("lab-root"), env=jupyter_env) as s:
         yield s
 
 
 @pytest.fixture(scope="session")
-def notebook_server(tmp_path_factory: pytest.TempPathFactory, jupyter_env: JupyterEnv
-                    ) -> Iterator[JupyterServer]:
+def notebook_server(tmp_path_factory: pytest.TempPathFactory, jupyter_env: JupyterEnv) -> Iterator[JupyterServer]:
     """A Notebook 7 server for the whole session; ``root_dir`` is a fresh temporary directory."""
-    with start_jupyter_server("notebook", root_dir=tmp_path_factory.mktemp("nb7-root"),
-                              env=jupyter_env) as s:
+    with start_jupyter_server("notebook", root_dir=tmp_path_factory.mktemp("nb7-root"), env=jupyter_env) as s:
         yield s
 
 
@@ -732,15 +786,15 @@ def cells(page: Page) -> Locator:
     return notebook_panel(page).locator(".jp-Cell")
 
 
-def open_notebook(page: Page, server: JupyterServer, path: str, *, app: str | None = None,
-                  timeout: float = KERNEL_TIMEOUT) -> Locator:
+def open_notebook(
+    page: Page, server: JupyterServer, path: str, *, app: str | None = None, timeout: float = KERNEL_TIMEOUT
+) -> Locator:
     """Open notebook ``path`` (relative to the server root), wait for its kernel to be idle.
 
     Returns the notebook locator. ``app`` is ``"lab"`` or ``"notebook"`` (default: the server's app;
     a lab server also serves Notebook 7's ``/notebooks/`` pages when both are installed).
     """
-    page.goto(server.notebook_url(path, app=app), wait_until="domcontentloaded",
-              timeout=timeout * 1000)
+    page.goto(server.notebook_url(path, app=app), wait_until="domcontentloaded", timeout=timeout * 1000)
     nb = notebook_panel(page)
     nb.wait_for(state="visible", timeout=timeout * 1000)
     wait_for_kernel_idle(page, timeout=timeout)
@@ -777,8 +831,7 @@ def kernel_status(page: Page) -> str | None:
 def wait_for_kernel_idle(page: Page, timeout: float = KERNEL_TIMEOUT) -> None:
     """Wait until the current notebook's kernel is started, connected and idle."""
     try:
-        page.wait_for_function(f"() => ({_KERNEL_STATE_JS})() === 'idle'", timeout=timeout * 1000,
-                               polling=200)
+        page.wait_for_function(f"() => ({_KERNEL_STATE_JS})() === 'idle'", timeout=timeout * 1000, polling=200)
     except Exception as exc:
         raise AssertionError(f"kernel not idle after {timeout}s (status: {kernel_status(page)!r})") from exc
 
@@ -787,8 +840,9 @@ def _editor(cell: Locator) -> Locator:
     return cell.locator(".jp-InputArea-editor .cm-content").first
 
 
-def run_cell(page: Page, code: str, *, index: int | None = None, wait: bool = True,
-             timeout: float = OUTPUT_TIMEOUT) -> Locator:
+def run_cell(
+    page: Page, code: str, *, index: int | None = None, wait: bool = True, timeout: float = OUTPUT_TIMEOUT
+) -> Locator:
     """Type ``code`` into a code cell and run it with Shift+Enter; return that cell's locator.
 
     ``index=None`` uses the last cell (a fresh notebook has one empty cell; after Shift+Enter on
@@ -837,8 +891,7 @@ def cell_outputs_text(cell: Locator) -> str:
     return "\n".join(outputs.all_inner_texts())
 
 
-def wait_for_output(cell_or_page: Locator | Page, text: str | re.Pattern[str],
-                    timeout: float = OUTPUT_TIMEOUT) -> str:
+def wait_for_output(cell_or_page: Locator | Page, text: str | re.Pattern[str], timeout: float = OUTPUT_TIMEOUT) -> str:
     """Wait until an output (of a cell locator, or anywhere in the page's notebook) contains ``text``.
 
     ``text`` is a substring or a compiled regex. Returns the matching outputs' text.
@@ -851,7 +904,7 @@ def wait_for_output(cell_or_page: Locator | Page, text: str | re.Pattern[str],
     seen = ""
     while time.monotonic() < deadline:
         seen = "\n".join(outputs.all_inner_texts())
-        if (text.search(seen) if isinstance(text, re.Pattern) else text in seen):
+        if text.search(seen) if isinstance(text, re.Pattern) else text in seen:
             return seen
         time.sleep(0.2)
     raise AssertionError(f"no output containing {text!r} within {timeout}s; outputs were:\n{seen[-2000:]}")

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.browser
 
 
-def test_jupyterlab_runs_a_cell(jupyter_server: JupyterServer, browser_page: Page,
-                                request: pytest.FixtureRequest) -> None:
+def test_jupyterlab_runs_a_cell(
+    jupyter_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
+) -> None:
     jupyter_server.make_notebook("smoke_lab.ipynb", [""])
     open_notebook(browser_page, jupyter_server, "smoke_lab.ipynb")
     cell = run_cell(browser_page, "print(6*7)")
@@ -32,8 +33,9 @@ def test_jupyterlab_runs_a_cell(jupyter_server: JupyterServer, browser_page: Pag
     save_screenshot(browser_page, request)
 
 
-def test_notebook7_runs_a_cell(notebook_server: JupyterServer, browser_page: Page,
-                               request: pytest.FixtureRequest) -> None:
+def test_notebook7_runs_a_cell(
+    notebook_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
+) -> None:
     notebook_server.make_notebook("smoke_nb7.ipynb", [""])
     open_notebook(browser_page, notebook_server, "smoke_nb7.ipynb")
     assert "/notebooks/" in browser_page.url

@@ -31,8 +31,9 @@ def test_ip_namespace_is_reset_between_tests(ip: Any) -> None:
 
 
 def test_ip_outputs_and_errors_are_capturable(ip: Any) -> None:
-    result, cap = run_cell_capture(ip, "print('hello')\nfrom IPython.display import HTML, display\n"
-                                       "display(HTML('<b>x</b>'))\n41 + 1")
+    result, cap = run_cell_capture(
+        ip, "print('hello')\nfrom IPython.display import HTML, display\ndisplay(HTML('<b>x</b>'))\n41 + 1"
+    )
     assert result.success and result.result == 42
     assert "hello" in cap.stdout
     assert any("<b>x</b>" in o.data.get("text/html", "") for o in cap.outputs)

@@ -14,12 +14,15 @@ pytestmark = pytest.mark.kernel
 
 
 def test_run_notebook_in_a_real_kernel(tmp_path: Path, jupyter_env: JupyterEnv) -> None:
-    path = make_notebook(tmp_path / "smoke.ipynb", [
-        "print(6*7)",
-        "import sys, os\nprint(sys.executable)\nprint(os.getcwd())",
-        {"cell_type": "markdown", "source": "# a heading"},
-        "get_ipython().__class__.__name__",
-    ])
+    path = make_notebook(
+        tmp_path / "smoke.ipynb",
+        [
+            "print(6*7)",
+            "import sys, os\nprint(sys.executable)\nprint(os.getcwd())",
+            {"cell_type": "markdown", "source": "# a heading"},
+            "get_ipython().__class__.__name__",
+        ],
+    )
     nb = run_notebook(path, jupyter_env=jupyter_env, timeout=120)
     text = notebook_text(nb)
     assert "42" in nb.cells[0].outputs[0]["text"]
