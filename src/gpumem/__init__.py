@@ -48,7 +48,10 @@ def history() -> Any:
 
     state = get_state()
     if state is None:
-        raise RuntimeError("gpumem has no cell history here: load it first with %load_ext gpumem")
+        raise RuntimeError(
+            "gpumem has no cell history here: load it first with %load_ext gpumem "
+            "(in a script, gpumem.measured() lists the blocks measured with gpumem.measure())"
+        )
     return history_dataframe(state.tracker.history)
 
 
