@@ -21,8 +21,10 @@ import sys
 import sysconfig
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -40,7 +42,7 @@ from _harness import (
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
 
-pytestmark = pytest.mark.browser
+browser = pytest.mark.browser
 
 JS_DIR = REPO_ROOT / "js"
 BUILT = REPO_ROOT / "src" / "gpumem" / "labextension"
@@ -73,9 +75,24 @@ def _installed_labextension() -> Path | None:
     return path if (path / "package.json").is_file() else None
 
 
+def _newest_mtime(*roots: Path) -> float:
+    return max(
+        (p.stat().st_mtime for root in roots if root.exists() for p in root.rglob("*") if p.is_file()), default=0.0
+    )
+
+
+def _build_is_stale() -> bool:
+    if not (BUILT / "package.json").is_file():
+        return True
+    sources = _newest_mtime(JS_DIR / "src", JS_DIR / "style")
+    return sources > _newest_mtime(BUILT)
+
+
 def _build_labextension() -> None:
     npm = shutil.which("npm")
     if npm is None:
+        if (BUILT / "package.json").is_file():
+            return  # stale maybe, but usable
         pytest.skip("the labextension is not built and npm is not available to build it")
     if not (JS_DIR / "node_modules").is_dir():
         subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, check=True, timeout=600)
@@ -84,11 +101,13 @@ def _build_labextension() -> None:
 
 @pytest.fixture(scope="session")
 def labextension(jupyter_env: JupyterEnv) -> Path:
-    """Make sure the servers of this session load the gpumem labextension; return its directory."""
-    installed = _installed_labextension()
-    if installed is not None:
-        return installed
-    if not (BUILT / "package.json").is_file():
+    """Make the servers of this session load the labextension built from this checkout.
+
+    It is linked into the test's Jupyter data directory, which comes first in the labextension
+    search path, so an older copy installed in the environment (an editable install copies the
+    files) cannot shadow what is being tested. Built with npm first when missing or older than js/.
+    """
+    if _build_is_stale():
         _build_labextension()
     link = jupyter_env.data_dir / "labextensions" / "gpumem"
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -175,6 +194,269 @@ def open_second_notebook(page: Page, path: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Kernel side (gpumem._frontend) with fake comms: fast, no browser
+# --------------------------------------------------------------------------------------------
+
+
+class FakeComm:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.sent: list[dict[str, Any]] = []
+        self.closed = False
+        self._on_msg: Any = None
+        self._on_close: Any = None
+
+    def send(self, data: dict[str, Any]) -> None:
+        if self.closed:
+            raise RuntimeError("closed")
+        self.sent.append(data)
+
+    def on_msg(self, callback: Any) -> None:
+        self._on_msg = callback
+
+    def on_close(self, callback: Any) -> None:
+        self._on_close = callback
+
+    def close(self) -> None:
+        self.closed = True
+
+    # What the kernel's comm manager does on messages from the front end.
+    def receive(self, data: dict[str, Any]) -> None:
+        self._on_msg({"content": {"data": data}})
+
+    def receive_close(self) -> None:
+        self.closed = True
+        self._on_close({"content": {"data": {}}})
+
+
+class FakeManager:
+    def __init__(self) -> None:
+        self.targets: dict[str, Any] = {}
+
+    def register_target(self, name: str, handler: Any) -> None:
+        self.targets[name] = handler
+
+    def unregister_target(self, name: str, handler: Any) -> None:
+        assert self.targets.pop(name) is handler
+
+    def open_from_frontend(self, data: dict[str, Any] | None = None) -> FakeComm:
+        comm = FakeComm()
+        self.targets["gpumem.status"](comm, {"content": {"data": data or {"request": "snapshot"}}})
+        return comm
+
+
+class FakeShell:
+    def __init__(self) -> None:
+        self.kernel = SimpleNamespace(comm_manager=FakeManager())
+
+
+@pytest.fixture
+def frontend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from gpumem import _frontend
+
+    announced: list[FakeComm] = []
+
+    def create_comm(**kwargs: Any) -> FakeComm:
+        comm = FakeComm(**kwargs)
+        announced.append(comm)
+        return comm
+
+    import comm as comm_module
+
+    monkeypatch.setattr(comm_module, "create_comm", create_comm)
+    monkeypatch.setattr(_frontend, "PUBLISH_INTERVAL_S", 0.05)
+    _frontend.announced = announced  # type: ignore[attr-defined]
+    try:
+        yield _frontend
+    finally:
+        _frontend.unregister_status_target()
+        _frontend.set_sidebar_factory(None)
+        _frontend.set_status_provider(None)
+        del _frontend.announced  # type: ignore[attr-defined]
+
+
+def test_sidebar_bundle_shape() -> None:
+    from gpumem._frontend import INLINE_NOTE, sidebar_bundle
+
+    bundle = sidebar_bundle("abc", "wrap")
+    assert bundle["application/vnd.gpumem.sidebar+json"] == {"model_id": "abc"}
+    assert bundle["application/vnd.jupyter.widget-view+json"] == {
+        "model_id": "wrap",
+        "version_major": 2,
+        "version_minor": 0,
+    }
+    assert bundle["text/plain"] == INLINE_NOTE
+    assert "not present" in INLINE_NOTE
+
+
+def test_show_sidebar_displays_one_output(ip: Any) -> None:
+    import ipywidgets
+    from IPython.utils.capture import capture_output
+
+    from gpumem import _frontend
+    from gpumem._frontend import show_sidebar
+
+    panel = ipywidgets.Label("panel")
+    with capture_output() as captured:
+        show_sidebar(panel)
+        first = _frontend._inline_wrappers[panel.model_id]
+        show_sidebar(panel, note="why it is inline")
+    assert len(captured.outputs) == 2
+    data = captured.outputs[-1].data
+    assert data["application/vnd.gpumem.sidebar+json"] == {"model_id": panel.model_id}
+    wrapper = _frontend._inline_wrappers[panel.model_id]
+    assert data["application/vnd.jupyter.widget-view+json"]["model_id"] == wrapper.model_id
+    assert wrapper.children[1] is panel and "why it is inline" in wrapper.children[0].value
+    # The first inline wrapper was closed, the panel was not.
+    assert first.comm is None and first is not wrapper
+    assert panel.comm is not None
+    with pytest.raises(TypeError):
+        show_sidebar(object())
+
+
+def test_status_target_without_kernel_does_nothing(frontend: Any) -> None:
+    assert frontend.register_status_target(SimpleNamespace()) is False
+    assert frontend.publish_status({"devices": [], "host": {}, "cuda_in_use": False}) == 0
+
+
+def test_status_comm_protocol(frontend: Any) -> None:
+    shell = FakeShell()
+    manager = shell.kernel.comm_manager
+    assert frontend.register_status_target(shell) is True
+    assert "gpumem.status" in manager.targets
+
+    # The announce comm carries a payload and is not published to until the front end speaks.
+    (announce,) = frontend.announced
+    assert announce.kwargs["target_name"] == "gpumem.status"
+    assert set(announce.kwargs["data"]) == {"devices", "host", "cuda_in_use"}
+    payload = {"devices": [], "host": {"rss_bytes": 1}, "cuda_in_use": False}
+    assert frontend.publish_status(payload) == 0
+
+    # A front-end-opened comm gets a snapshot at once and then every published payload.
+    comm = manager.open_from_frontend()
+    assert comm.sent and comm.sent[0]["cuda_in_use"] is False
+    assert isinstance(comm.sent[0]["host"]["rss_bytes"], int)
+    assert frontend.publish_status(payload) == 1
+    assert comm.sent[-1] == payload
+    announce.receive({"request": "snapshot"})
+    assert frontend.open_status_comms() == 2
+    assert frontend.publish_status(payload) == 2
+
+    # Sidebar requests: an error without a factory, the widget's model id with one.
+    comm.receive({"request": "sidebar"})
+    assert "sidebar_error" in comm.sent[-1]
+    frontend.set_sidebar_factory(lambda: SimpleNamespace(model_id="m1"))
+    comm.receive({"request": "sidebar"})
+    assert comm.sent[-1] == {"sidebar_model_id": "m1"}
+    frontend.set_sidebar_factory(lambda: 1 / 0)
+    comm.receive({"request": "sidebar"})
+    assert "ZeroDivisionError" in comm.sent[-1]["sidebar_error"]
+
+    # Closed comms are dropped; unregister closes the rest and removes the target.
+    comm.receive_close()
+    assert frontend.publish_status(payload) == 1
+    frontend.unregister_status_target()
+    assert announce.closed
+    assert "gpumem.status" not in manager.targets
+    assert frontend.publish_status(payload) == 0
+
+
+def test_comms_of_pages_that_went_away_are_dropped(frontend: Any) -> None:
+    shell = FakeShell()
+    frontend.register_status_target(shell)
+    manager = shell.kernel.comm_manager
+    (beacon,) = frontend.announced
+    beacon.receive({"request": "snapshot"})  # adopted by a first page
+    gone, alive = manager.open_from_frontend(), manager.open_from_frontend()
+    payload = {"devices": [], "host": {"rss_bytes": 1}, "cuda_in_use": False}
+    assert frontend.publish_status(payload) == 3
+    # All silent for long: nothing is dropped (the kernel may just be busy).
+    for entry in frontend._comms.values():
+        entry.last_seen -= 10 * frontend.STALE_COMM_S
+    assert frontend.publish_status(payload) == 3
+    # One keeps sending keepalives, the others stay silent: the front-end comm is closed, the
+    # beacon stays open (for comm_info) but is no longer published to.
+    alive.receive({"request": "keepalive"})
+    assert frontend.publish_status(payload) == 1
+    assert gone.closed and not alive.closed and not beacon.closed
+    assert frontend.open_status_comms() == 1
+    assert len(frontend._comms) == 2
+
+
+def test_publisher_thread_runs_only_while_a_comm_listens(frontend: Any) -> None:
+    calls: list[float] = []
+
+    def provider() -> dict[str, Any]:
+        calls.append(time.monotonic())
+        return {"devices": [], "host": {"rss_bytes": len(calls)}, "cuda_in_use": False}
+
+    frontend.set_status_provider(provider)
+    shell = FakeShell()
+    frontend.register_status_target(shell)
+    time.sleep(0.3)
+    assert len(calls) == 1, "only the announce payload while nobody listens"
+    comm = shell.kernel.comm_manager.open_from_frontend()
+    deadline = time.monotonic() + 5
+    while len(comm.sent) < 4:
+        assert time.monotonic() < deadline, comm.sent
+        time.sleep(0.02)
+    # Someone else publishing: the default publisher stays quiet.
+    for _ in range(10):
+        frontend.publish_status({"devices": [], "host": {"rss_bytes": -1}, "cuda_in_use": False})
+        time.sleep(0.03)
+    assert all(m["host"]["rss_bytes"] == -1 for m in comm.sent[-5:])
+    comm.receive_close()
+    time.sleep(0.3)
+    thread = frontend._publisher
+    assert thread is None or not thread.is_alive()
+
+
+def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumem import _frontend
+
+    class NotInitialized:
+        def is_initialized(self) -> bool:
+            return False
+
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"torch.cuda.{name} called before CUDA was initialized")
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=NotInitialized()))
+    payload = _frontend.default_status_payload()
+    assert payload["cuda_in_use"] is False and payload["devices"] == []
+    assert payload["host"]["rss_bytes"] > 0
+
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True,
+        device_count=lambda: 2,
+        memory_allocated=lambda i: 100 + i,
+        memory_reserved=lambda i: 200 + i,
+        get_device_properties=lambda i: SimpleNamespace(name=f"Fake {i}", total_memory=1000),
+    )
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(_frontend, "_device_cache", {})
+    payload = _frontend.default_status_payload()
+    assert payload["cuda_in_use"] is True
+    assert payload["devices"][1] == {
+        "index": 1,
+        "name": "Fake 1",
+        "allocated_bytes": 101,
+        "reserved_bytes": 201,
+        "total_bytes": 1000,
+    }
+
+
+def test_frontend_module_imports_nothing_heavy() -> None:
+    code = (
+        "import sys; import gpumem._frontend; "
+        "heavy = [m for m in ('torch', 'ipywidgets', 'psutil', 'IPython', 'bqplot') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+# --------------------------------------------------------------------------------------------
 # Packaging
 # --------------------------------------------------------------------------------------------
 
@@ -243,6 +525,7 @@ def test_wheel_ships_the_labextension(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@browser
 def test_lab_sidebar_lifecycle(
     labextension: Path, jupyter_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
 ) -> None:
@@ -311,6 +594,49 @@ def test_lab_sidebar_lifecycle(
     save_screenshot(page, f"{request.node.name}.back")
 
 
+_LINES_JS = """() => [...document.querySelectorAll('#gpumem-sidebar path.line')]
+    .map(p => p.getAttribute('d') || '').join('|')"""
+
+
+@browser
+def test_lab_magic_sidebar_and_reload(
+    labextension: Path, jupyter_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
+) -> None:
+    """``%gpumem sidebar`` docks the real panel; after a page reload the status bar reconnects and
+    its click docks the kernel's panel again."""
+    page = browser_page
+    jupyter_server.make_notebook("magic.ipynb", [""])
+    open_notebook(page, jupyter_server, "magic.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    cell = run_cell(page, "%gpumem sidebar --host")
+    wait_for_output(cell, NOTE)
+    sidebar(page).locator(".gpumem-panel").wait_for(state="visible")
+    wait_sidebar_text(page, "GPU memory · magic.ipynb")
+    first = page.evaluate(_LINES_JS)
+    deadline = time.monotonic() + 30
+    while page.evaluate(_LINES_JS) in ("", first):
+        assert time.monotonic() < deadline, "the docked panel's curves did not move"
+        time.sleep(0.25)
+    wait_status_text(page, re.compile(r"RAM|GPU"))
+    save_screenshot(page, f"{request.node.name}.docked")
+
+    # Save (the output is signed, so it is trusted when it comes back) and reload: the kernel lives on.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="magic.ipynb").wait_for(state="detached")
+    # Reload: the kernel lives on. The restored note does not dock by itself; the status item
+    # reconnects (the kernel already has gpumem.status comms) and its click asks for the panel.
+    page.reload(wait_until="domcontentloaded")
+    wait_for_kernel_idle(page)
+    page.locator(".gpumem-SidebarNote").first.wait_for(state="visible")
+    assert "earlier run" in page.locator(".gpumem-SidebarNote").first.inner_text()
+    wait_status_text(page, re.compile(r"RAM|GPU"))
+    page.locator(STATUS_ITEM).click()
+    sidebar(page).locator(".gpumem-panel").wait_for(state="visible")
+    wait_sidebar_text(page, "GPU memory · magic.ipynb")
+    save_screenshot(page, f"{request.node.name}.reloaded")
+
+
+@browser
 def test_lab_restored_output_does_not_dock_a_dead_widget(
     labextension: Path, jupyter_server: JupyterServer, browser_page: Page
 ) -> None:
@@ -325,16 +651,13 @@ def test_lab_restored_output_does_not_dock_a_dead_widget(
         },
         "text/plain": "GPU memory panel (inline fallback)",
     }
-    cell = {
-        "cell_type": "code",
-        "source": "%gpumem sidebar",
-        "outputs": [{"output_type": "display_data", "data": bundle, "metadata": {}}],
-    }
-    path = jupyter_server.make_notebook("restored.ipynb", [])
     import nbformat
+    from nbformat import v4
 
+    path = jupyter_server.make_notebook("restored.ipynb", [])
     nb = nbformat.read(str(path), as_version=4)
-    nb.cells.append(nbformat.from_dict({**cell, "metadata": {}, "execution_count": 1}))
+    output = v4.new_output("display_data", data=bundle)
+    nb.cells.append(v4.new_code_cell("%gpumem sidebar", execution_count=1, outputs=[output]))
     nbformat.write(nb, str(path))
     # Trusted, as if the user ran it here before (an untrusted output falls back to text/plain).
     subprocess.run(
@@ -357,6 +680,7 @@ def test_lab_restored_output_does_not_dock_a_dead_widget(
 # --------------------------------------------------------------------------------------------
 
 
+@browser
 def test_notebook7_sidebar(
     labextension: Path, notebook_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
 ) -> None:

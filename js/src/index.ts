@@ -82,6 +82,12 @@ function activate(
       refresh();
     });
   };
+  // Close this page's comms when it goes away, so the kernel stops sending to them.
+  window.addEventListener('pagehide', () => {
+    for (const connection of connections.values()) {
+      connection.dispose();
+    }
+  });
   notebooks?.forEach(track);
   notebooks?.widgetAdded.connect((_, panel) => track(panel));
   consoles?.forEach(track);

@@ -40,8 +40,16 @@ export type KernelMessageData =
   | { sidebar_model_id: string }
   | { sidebar_error: string };
 
-/** Front end -> kernel requests on the status comm. */
-export type FrontendRequest = { request: 'snapshot' } | { request: 'sidebar' };
+/**
+ * Front end -> kernel requests on the status comm. `keepalive` is sent every
+ * KEEPALIVE_MS so the kernel can drop comms of pages that went away.
+ */
+export type FrontendRequest =
+  | { request: 'snapshot' }
+  | { request: 'sidebar' }
+  | { request: 'keepalive' };
+
+export const KEEPALIVE_MS = 30000;
 
 export function isStatusPayload(data: unknown): data is IStatusPayload {
   return (

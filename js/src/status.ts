@@ -9,6 +9,7 @@ import { IHost } from './hosts';
 import {
   FrontendRequest,
   IStatusPayload,
+  KEEPALIVE_MS,
   isStatusPayload,
   SIDEBAR_MIME,
   STATUS_TARGET
@@ -41,6 +42,11 @@ export class StatusConnection {
     ctx.statusChanged.connect(this._onStatusChanged, this);
     ctx.iopubMessage.connect(this._onIOPub, this);
     this._setKernel(ctx.session?.kernel ?? null);
+    this._keepalive = window.setInterval(() => {
+      if (this.isConnected) {
+        this._send({ request: 'keepalive' });
+      }
+    }, KEEPALIVE_MS);
   }
 
   /** Emitted when the payload or the connection state changes. */
@@ -92,7 +98,9 @@ export class StatusConnection {
 
   /** Ask the kernel for a panel to dock; false when there is no comm. */
   requestSidebar(): boolean {
-    return this._send({ request: 'sidebar' });
+    const sent = this._send({ request: 'sidebar' });
+    console.debug(`gpumem: sidebar request on ${this._comm?.commId}: ${sent}`);
+    return sent;
   }
 
   dispose(): void {
@@ -100,6 +108,7 @@ export class StatusConnection {
       return;
     }
     this._disposed = true;
+    window.clearInterval(this._keepalive);
     const ctx = this.host.sessionContext;
     ctx.kernelChanged.disconnect(this._onKernelChanged, this);
     ctx.statusChanged.disconnect(this._onStatusChanged, this);
@@ -134,6 +143,7 @@ export class StatusConnection {
     this._closeComm();
     this._freshOutputs.clear();
     this._kernel = kernel;
+    console.debug(`gpumem: ${this.host.name()} kernel connection ${kernel?.id ?? 'none'}`);
     if (kernel) {
       kernel.registerCommTarget(STATUS_TARGET, this._onKernelComm);
       kernel.anyMessage.connect(this._onAnyMessage, this);
@@ -224,10 +234,15 @@ export class StatusConnection {
    */
   private async _probe(direct: boolean): Promise<void> {
     const kernel = this._kernel;
-    if (!kernel || this._probing || this.isConnected || this._disposed) {
+    if (
+      !kernel ||
+      this._probing === kernel ||
+      this.isConnected ||
+      this._disposed
+    ) {
       return;
     }
-    this._probing = true;
+    this._probing = kernel;
     try {
       if (!direct) {
         if (kernel.status === 'unknown' || kernel.status === 'starting') {
@@ -240,7 +255,10 @@ export class StatusConnection {
           target_name: STATUS_TARGET
         });
         const content = reply.content;
-        if (content.status !== 'ok' || !Object.keys(content.comms).length) {
+        const found =
+          content.status === 'ok' ? Object.keys(content.comms).length : 0;
+        console.debug(`gpumem: kernel ${kernel.id} has ${found} status comms`);
+        if (!found) {
           return;
         }
       }
@@ -248,13 +266,15 @@ export class StatusConnection {
         return;
       }
       const comm = kernel.createComm(STATUS_TARGET);
-      this._adopt(comm);
+      this._adopt(comm, true);
       comm.open({ request: 'snapshot' });
     } catch (reason) {
       // The kernel may be restarting or not speak the comm protocol.
       console.debug('gpumem: status comm not opened', reason);
     } finally {
-      this._probing = false;
+      if (this._probing === kernel) {
+        this._probing = null;
+      }
     }
   }
 
@@ -263,18 +283,21 @@ export class StatusConnection {
     msg: KernelMessage.ICommOpenMsg
   ): void => {
     if (this.isConnected || this._disposed) {
-      // One comm is enough; the kernel drops the closed one.
-      comm.close();
+      // One comm is enough. Not closed: the kernel keeps its own comm open as
+      // a beacon for front ends that connect later.
+      comm.dispose();
       return;
     }
-    this._adopt(comm);
+    this._adopt(comm, false);
     this._onData(msg.content.data);
     // Confirms to the kernel that a front end listens on this comm.
     this._send({ request: 'snapshot' });
   };
 
-  private _adopt(comm: Kernel.IComm): void {
+  private _adopt(comm: Kernel.IComm, owned: boolean): void {
+    console.debug(`gpumem: status comm ${comm.commId} adopted`);
     this._comm = comm;
+    this._owned = owned;
     comm.onMsg = msg => this._onData(msg.content.data);
     comm.onClose = () => this._drop(comm);
   }
@@ -287,6 +310,7 @@ export class StatusConnection {
     }
     if (typeof data === 'object' && data !== null) {
       const d = data as { sidebar_model_id?: unknown; sidebar_error?: unknown };
+      console.debug('gpumem: status comm message', JSON.stringify(d));
       if (typeof d.sidebar_model_id === 'string') {
         this._sidebarAnswered.emit({ modelId: d.sidebar_model_id });
       } else if (typeof d.sidebar_error === 'string') {
@@ -296,6 +320,7 @@ export class StatusConnection {
   }
 
   private _drop(comm: Kernel.IComm): void {
+    console.debug(`gpumem: status comm ${comm.commId} closed`);
     if (this._comm !== comm) {
       return;
     }
@@ -304,7 +329,10 @@ export class StatusConnection {
     this._changed.emit();
   }
 
-  /** Forget the comm; close it on the kernel side too when `notify`. */
+  /**
+   * Forget the comm; close it on the kernel side too when `notify` and this
+   * front end opened it (the kernel's beacon comm stays open).
+   */
   private _closeComm(notify = true): void {
     const comm = this._comm;
     if (!comm) {
@@ -312,7 +340,7 @@ export class StatusConnection {
     }
     this._comm = null;
     this._payload = null;
-    if (notify && !comm.isDisposed) {
+    if (notify && this._owned && !comm.isDisposed) {
       try {
         comm.close();
       } catch {
@@ -326,9 +354,11 @@ export class StatusConnection {
 
   private _kernel: Kernel.IKernelConnection | null = null;
   private _comm: Kernel.IComm | null = null;
+  private _owned = false;
   private _payload: IStatusPayload | null = null;
   private _freshOutputs = new Set<string>();
-  private _probing = false;
+  private _keepalive = 0;
+  private _probing: Kernel.IKernelConnection | null = null;
   private _mentioned = false;
   private _disposed = false;
   private _changed = new Signal<this, void>(this);

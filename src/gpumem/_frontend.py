@@ -25,15 +25,18 @@ Status bar: comm target ``gpumem.status`` (:data:`STATUS_TARGET`), opened by eit
 
   about once a second while a comm is open, and ``{"sidebar_model_id": "<id>"}`` or
   ``{"sidebar_error": "<message>"}`` in answer to a sidebar request.
-* front end -> kernel: ``{"request": "snapshot"}`` (answered at once with one payload) and
+* front end -> kernel: ``{"request": "snapshot"}`` (answered at once with one payload),
   ``{"request": "sidebar"}`` (answered by creating a panel with the factory registered through
-  :func:`set_sidebar_factory`).
+  :func:`set_sidebar_factory`) and ``{"request": "keepalive"}`` (no answer).
 
-:func:`register_status_target` (at extension load) registers the target and announces itself by
-opening one comm towards the front end; the front end also opens comms itself when it connects to
-a kernel that already has ``gpumem.status`` comms, or after running code that mentions gpumem. A comm
-opened by the kernel is only published to once the front end has sent a message on it, so front ends
-without the extension cost nothing.
+:func:`register_status_target` (at extension load) registers the target and opens one comm towards
+the front ends, the *beacon*: a front end with the extension adopts it at once, and one connecting
+later (page reload, second tab) finds it with a ``comm_info_request`` and opens its own comm. A
+front end also opens a comm after running code that mentions gpumem. A comm is only published to
+once a front end has sent a message on it, so front ends without the extension cost nothing; front
+ends send ``{"request": "keepalive"}`` every 30 s and close their comms when the page goes away, and
+comms silent for much longer than the liveliest one are dropped (the beacon just stops being
+published to).
 
 Payloads go out from :func:`publish_status` (thread-safe; callable from any thread). While no one else
 publishes, a light daemon thread here publishes :func:`default_status_payload` (or the provider set by
@@ -43,6 +46,7 @@ publishes, a light daemon thread here publishes :func:`default_status_payload` (
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import html
 import sys
 import threading
@@ -77,6 +81,10 @@ INLINE_NOTE = (
 )
 
 PUBLISH_INTERVAL_S = 1.0
+# Front ends send a keepalive every 30 s. A comm silent this much longer than the liveliest one is
+# taken for a page that went away without closing it, and closed. (Relative, so that a kernel that
+# processes no comm message while a cell runs drops nothing.)
+STALE_COMM_S = 120.0
 # The publisher thread stays quiet while someone else called publish_status this recently.
 _EXTERNAL_QUIET_S = 2.5
 
@@ -142,13 +150,25 @@ def show_sidebar(panel_widget: Any, *, note: str | None = None) -> None:
 
 
 class _StatusComm:
-    """One open ``gpumem.status`` comm. ``confirmed`` once the front end has spoken on it."""
+    """One open ``gpumem.status`` comm. ``confirmed`` once a front end has spoken on it (only then
+    is it published to); ``last_seen``: when it last did (``time.monotonic()``); ``beacon``: the comm
+    the kernel opened itself, kept open until unload so that a front end connecting later finds the
+    target in a ``comm_info_request``."""
 
-    __slots__ = ("comm", "confirmed")
+    __slots__ = ("beacon", "comm", "confirmed", "context", "last_seen")
 
-    def __init__(self, comm: Any, confirmed: bool) -> None:
+    def __init__(self, comm: Any, confirmed: bool, beacon: bool = False) -> None:
         self.comm = comm
         self.confirmed = confirmed
+        self.beacon = beacon
+        self.last_seen = time.monotonic()
+        # The context of the last kernel message handled for this comm, in which every send runs.
+        # ipykernel (7.x) takes the parent of a message sent from a background thread from the last
+        # request handled on ANY subshell, and routes the front end's next messages on this comm to
+        # that parent's subshell; JupyterLab deletes per-target subshells when their comms close
+        # (ipywidgets' control comm does at every page load), and the messages are then lost.
+        # Sending in this comm's own context keeps them routed to its own subshell.
+        self.context = contextvars.copy_context()
 
 
 _lock = threading.RLock()
@@ -255,7 +275,7 @@ def _announce() -> None:
         comm = create_comm(target_name=STATUS_TARGET, data=_build_payload())
     except Exception:
         return
-    _track(comm, confirmed=False)
+    _track(comm, confirmed=False, beacon=True)
 
 
 def _on_comm_open(comm: Any, msg: dict[str, Any]) -> None:
@@ -268,8 +288,8 @@ def _on_comm_open(comm: Any, msg: dict[str, Any]) -> None:
             _answer_sidebar(entry)
 
 
-def _track(comm: Any, *, confirmed: bool) -> _StatusComm | None:
-    entry = _StatusComm(comm, confirmed)
+def _track(comm: Any, *, confirmed: bool, beacon: bool = False) -> _StatusComm | None:
+    entry = _StatusComm(comm, confirmed, beacon)
     with _lock:
         accepted = _registered_manager is not None
         if accepted:
@@ -301,6 +321,8 @@ def _drop(entry: _StatusComm) -> None:
 def _on_comm_msg(entry: _StatusComm, msg: dict[str, Any]) -> None:
     data = (msg.get("content") or {}).get("data") or {}
     request = data.get("request") if isinstance(data, dict) else None
+    entry.last_seen = time.monotonic()
+    entry.context = contextvars.copy_context()
     if not entry.confirmed:
         entry.confirmed = True
         _ensure_publisher()
@@ -332,7 +354,7 @@ def _answer_sidebar(entry: _StatusComm) -> None:
 
 def _send(entry: _StatusComm, data: dict[str, Any]) -> bool:
     try:
-        entry.comm.send(data)
+        entry.context.copy().run(entry.comm.send, data)
     except Exception:
         _drop(entry)
         return False
@@ -356,9 +378,27 @@ def publish_status(payload: StatusPayload) -> int:
 
 
 def _publish(payload: StatusPayload) -> int:
+    closing: list[_StatusComm] = []
     with _lock:
         targets = [e for e in _comms.values() if e.confirmed]
+        for entry in _stale_locked(targets):
+            targets.remove(entry)
+            if entry.beacon:
+                entry.confirmed = False  # stays open as the beacon, no longer published to
+            else:
+                del _comms[id(entry.comm)]
+                closing.append(entry)
+    for entry in closing:
+        with contextlib.suppress(Exception):
+            entry.comm.close()
     return sum(1 for entry in targets if _send(entry, payload))
+
+
+def _stale_locked(entries: list[_StatusComm]) -> list[_StatusComm]:
+    if len(entries) < 2:
+        return []
+    newest = max(e.last_seen for e in entries)
+    return [e for e in entries if e.last_seen < newest - STALE_COMM_S]
 
 
 # --------------------------------------------------------------------------------------------
