@@ -593,6 +593,13 @@ def test_lab_sidebar_lifecycle(
     wait_label_changes(page, "train")
     save_screenshot(page, f"{request.node.name}.back")
 
+    # Closing the notebook leaves a message, not its widget.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="train.ipynb").wait_for(state="detached")
+    page.evaluate("() => window.jupyterapp.commands.execute('application:close')")
+    wait_sidebar_text(page, "train.ipynb was closed")
+    assert sidebar(page).locator(".widget-label").count() == 0
+
 
 _LINES_JS = """() => [...document.querySelectorAll('#gpumem-sidebar path.line')]
     .map(p => p.getAttribute('d') || '').join('|')"""
@@ -698,6 +705,12 @@ def test_notebook7_sidebar(
     sidebar(page).wait_for(state="detached")
     # The note's button reopens it.
     cell.locator(".gpumem-SidebarNote-button").click()
+    sidebar(page).wait_for(state="visible")
+    wait_label_changes(page, "nb7")
+    # And the command palette.
+    sidebar(page).locator(".gpumem-Sidebar-close").click()
+    sidebar(page).wait_for(state="detached")
+    run_palette_command(page, "GPU memory: show sidebar")
     sidebar(page).wait_for(state="visible")
     wait_label_changes(page, "nb7")
 
