@@ -55,6 +55,13 @@ def history() -> Any:
     return history_dataframe(state.tracker.history)
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """For ``jupyter labextension develop``: the built front-end extension inside the package."""
+    from ._frontend import _jupyter_labextension_paths as paths
+
+    return paths()
+
+
 def __getattr__(name: str) -> Any:
     if name == "Monitor":
         from .monitor import Monitor
