@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ._format import format_bytes, format_delta
+from ._runtime import ipython_shell
 
 __all__ = ["DeviceReclaim", "FreeResult", "free", "magic_free"]
 
@@ -112,7 +113,7 @@ def free(deep: bool = False, shell: Any = None, source: Any = None) -> FreeResul
 
             source = default_monitor().source
         if shell is None:
-            shell = _running_shell()
+            shell = ipython_shell()
         before = _allocator_readings(source)
         released: list[str] = []
         kept: list[str] = []
@@ -147,16 +148,6 @@ def free(deep: bool = False, shell: Any = None, source: Any = None) -> FreeResul
     result = FreeResult(devices, deep, tuple(released), tuple(kept), collected, time.perf_counter() - started, note)
     _mark_timeline(source, result)
     return result
-
-
-def _running_shell() -> Any:
-    if "IPython" not in sys.modules:
-        return None
-    try:
-        from IPython import get_ipython
-    except Exception:
-        return None
-    return get_ipython()
 
 
 def _cell_running(shell: Any) -> bool:

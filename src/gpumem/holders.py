@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from ._format import format_bytes
+from ._runtime import cuda_source, ipython_shell
 
 __all__ = [
     "CycleReport",
@@ -1004,7 +1005,7 @@ def _walk_guarded(walker: _Walker, root: _Root, objects: Iterable[Any], rank: in
 
 def holders(device: str | int | None = "cuda", **options: Any) -> HolderReport:
     """The holders of the running IPython session's namespace (or, in a script, the caller's globals)."""
-    shell = _ipython_shell()
+    shell = ipython_shell()
     namespace: Mapping[str, Any] = shell.user_ns if shell is not None else sys._getframe(1).f_globals
     return find_holders(namespace, device=device, shell=shell, **options)
 
@@ -1014,18 +1015,8 @@ def _type_name(value: Any) -> str:
     return name if isinstance(name, str) else "?"
 
 
-def _ipython_shell() -> Any:
-    if "IPython" not in sys.modules:
-        return None
-    try:
-        from IPython import get_ipython
-    except Exception:
-        return None
-    return get_ipython()
-
-
 def _running_shell(namespace: Mapping[str, Any]) -> Any:
-    shell = _ipython_shell()
+    shell = ipython_shell()
     if shell is not None and getattr(shell, "user_ns", None) is namespace:
         return shell
     return None
@@ -1035,14 +1026,9 @@ def _allocated_bytes(source: Any, device_kind: str | None, device_index: int | N
     """PyTorch's ``memory_allocated`` summed over the filtered CUDA devices; None when it can't be read."""
     if device_kind not in (None, "cuda"):
         return None
+    source = cuda_source(source)
     if source is None:
-        torch = sys.modules.get("torch")
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_initialized():
-            return None
-        from .monitor import default_monitor
-
-        source = default_monitor().source
+        return None
     try:
         snapshot = source.snapshot()
     except Exception:
@@ -1352,7 +1338,7 @@ class _CallableModule(types.ModuleType):
     """Lets ``gpumem.holders()`` work although importing this submodule rebinds ``gpumem.holders`` to it."""
 
     def __call__(self, device: str | int | None = "cuda", **options: Any) -> HolderReport:
-        shell = _ipython_shell()
+        shell = ipython_shell()
         namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals
         return find_holders(namespace, device=device, shell=shell, **options)
 

@@ -17,6 +17,7 @@ import time
 from typing import Any, NamedTuple
 
 from ._format import format_bytes
+from ._runtime import cuda_source
 
 __all__ = ["OomReport", "explain", "find_oom_error", "install", "parse_oom_message", "render_html", "render_text"]
 
@@ -204,14 +205,9 @@ def explain(
 
 
 def _allocator_reading(source: Any, device: int) -> Any:
+    source = cuda_source(source)
     if source is None:
-        torch = sys.modules.get("torch")
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_initialized():
-            return None
-        from .monitor import default_monitor
-
-        source = default_monitor().source
+        return None
     try:
         return source.snapshot().allocator_for(device)
     except Exception:
