@@ -449,18 +449,22 @@ def run_notebook(
     return nb
 
 
-def notebook_text(nb: Any) -> str:
-    """All text of an executed notebook's outputs (stream text and ``text/plain``), joined."""
+def cell_text(cell: Any) -> str:
+    """All text of one executed cell's outputs (stream text, errors and ``text/plain``), joined."""
     parts: list[str] = []
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream":
-                parts.append(out.get("text", ""))
-            elif out.get("output_type") == "error":
-                parts.append(f"{out.get('ename')}: {out.get('evalue')}")
-            else:
-                parts.append(str(out.get("data", {}).get("text/plain", "")))
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif out.get("output_type") == "error":
+            parts.append(f"{out.get('ename')}: {out.get('evalue')}")
+        else:
+            parts.append(str(out.get("data", {}).get("text/plain", "")))
     return "\n".join(parts)
+
+
+def notebook_text(nb: Any) -> str:
+    """All text of an executed notebook's outputs, joined."""
+    return "\n".join(cell_text(cell) for cell in nb.cells)
 
 
 # --------------------------------------------------------------------------------------------

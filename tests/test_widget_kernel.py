@@ -6,24 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from _harness import JupyterEnv, make_notebook, run_notebook
+from _harness import JupyterEnv, cell_text, make_notebook, run_notebook
 
 pytestmark = pytest.mark.kernel
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SIDEBAR = "application/vnd.gpumem.sidebar+json"
-
-
-def _outputs_text(cell: dict) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "stream":
-            parts.append(out.get("text", ""))
-        elif out.get("output_type") == "error":
-            parts.append(f"{out.get('ename')}: {out.get('evalue')}")
-        else:
-            parts.append(str(out.get("data", {}).get("text/plain", "")))
-    return "\n".join(parts)
 
 
 def _mimes(cell: dict) -> set[str]:
@@ -51,7 +39,7 @@ def test_monitor_and_sidebar_magics_in_a_kernel(tmp_path: Path, jupyter_env: Jup
     ]
     nb = run_notebook(make_notebook(tmp_path / "magics.ipynb", cells), jupyter_env=jupyter_env, timeout=180,
                       allow_errors=True)  # fmt: skip
-    out = [_outputs_text(cell) for cell in nb.cells]
+    out = [cell_text(cell) for cell in nb.cells]
     assert WIDGET_VIEW in _mimes(nb.cells[1]), out[1]  # bare %gpumem shows the panel
     assert WIDGET_VIEW in _mimes(nb.cells[2]), out[2]
     assert "options 60.0 0.8 True 4.0" in out[3]
