@@ -101,9 +101,9 @@ def main() -> int:
     import torch
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpumem import _extension
-    from gpumem.holders import find_holders
-    from gpumem.monitor import Monitor, set_default_monitor
+    from gpumem.core.holders import find_holders
+    from gpumem.core.monitor import Monitor, set_default_monitor
+    from gpumem.ipython import extension as _extension
     from gpumem.testing import MIB, FakeSource
 
     cuda = torch.cuda.is_available()

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gpumem.holders import find_holders, render_html, render_text
+from gpumem.core.holders import find_holders, render_html, render_text
 
 GOAL_MS = 50.0
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import psutil
 
-from gpumem._panel import Panel, close_all
-from gpumem._panel_traffic import CommRecorder
-from gpumem.monitor import Monitor
-from gpumem.sampler import DEFAULT_RATE_HZ
+from gpumem.core.monitor import Monitor
+from gpumem.core.sampler import DEFAULT_RATE_HZ
+from gpumem.panel.traffic import CommRecorder
+from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, MIB, FakeSource
 
 BUDGET_BYTES_PER_S = 50_000

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from gpumem.monitor import Monitor
-from gpumem.sampler import DEFAULT_RATE_HZ
-from gpumem.sources import NvmlSource, SystemSource, TorchAllocatorSource
+from gpumem.core.monitor import Monitor
+from gpumem.core.sampler import DEFAULT_RATE_HZ
+from gpumem.core.sources import NvmlSource, SystemSource, TorchAllocatorSource
 
 
 def per_call_us(call, repeat: int = 20_000) -> float:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 # Tests run against src/ even when the package is not pip-installed (the GPU job uses PYTHONPATH).
-_SRC = str(Path(__file__).resolve().parent.parent / "src")
-if _SRC not in sys.path:
-    sys.path.insert(0, _SRC)
+_TESTS = Path(__file__).resolve().parent
+for _path in (str(_TESTS.parent / "src"), str(_TESTS)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from _harness import (  # noqa: E402
     artifacts_dir,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from gpumem._version import __version__
 
 if TYPE_CHECKING:
-    from .monitor import Monitor
+    from gpumem.core.monitor import Monitor
 
 __all__ = [
     "Monitor",
@@ -29,22 +29,22 @@ __all__ = [
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gpumem``: register the magics and hooks."""
-    from ._extension import load
+    from gpumem.ipython.extension import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext gpumem``: remove every hook, thread and widget the extension made."""
-    from ._extension import unload
+    from gpumem.ipython.extension import unload
 
     unload(ipython)
 
 
 def history() -> Any:
     """The cells measured in this session (``%%gpumem`` and automatic mode) as a pandas DataFrame."""
-    from ._extension import get_state
-    from .report import history_dataframe
+    from gpumem.core.cells.report import history_dataframe
+    from gpumem.ipython.extension import get_state
 
     state = get_state()
     if state is None:
@@ -55,32 +55,40 @@ def history() -> Any:
     return history_dataframe(state.tracker.history)
 
 
+def holders(device: str | int | None = "cuda", **options: Any) -> Any:
+    """What holds memory on ``device`` (a HolderReport): the running IPython's names, else the caller's globals."""
+    import sys
+
+    from gpumem.core.holders import find_holders
+    from gpumem.core.runtime import ipython_shell
+
+    shell = ipython_shell()
+    namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals
+    return find_holders(namespace, device=device, shell=shell, **options)
+
+
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
     """For ``jupyter labextension develop``: the built front-end extension inside the package."""
-    from ._frontend import _jupyter_labextension_paths as paths
+    from gpumem.panel.frontend import _jupyter_labextension_paths as paths
 
     return paths()
 
 
 def __getattr__(name: str) -> Any:
     if name == "Monitor":
-        from .monitor import Monitor
+        from gpumem.core.monitor import Monitor
 
         return Monitor
     if name == "Panel":
-        from ._panel import Panel
+        from gpumem.panel.widget import Panel
 
         return Panel
     if name in ("measure", "measured"):
-        from . import _measure as _measure_module
+        from gpumem.core.cells import measure as _measure_module
 
         return getattr(_measure_module, name)
-    if name == "holders":
-        import importlib
-
-        return importlib.import_module(".holders", __name__)  # callable: gpumem.holders(device="cuda")
     if name == "free":
-        from .cleanup import free
+        from gpumem.core.cleanup import free
 
         return free
     raise AttributeError(f"module 'gpumem' has no attribute {name!r}")

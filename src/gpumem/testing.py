@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .sources import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
+from gpumem.core.sources import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 
 __all__ = ["FakeSource"]
 

@@ -1,0 +1,328 @@
+"""Give memory back: ``gc.collect``, then ``empty_cache``; ``deep`` first drops IPython's own references.
+
+What ``deep=True`` releases, precisely (and nothing else):
+
+- output-cache entries whose value reaches tensor memory (any device): ``Out[N]`` / ``_oh[N]``, the
+  ``_N`` name and its copy in ``user_ns_hidden``, and ``_`` / ``__`` / ``___`` (reset to ``''`` in the
+  namespace, its hidden copy and the display hook, as ``%reset out`` does) when they point to such a
+  value; ``shell.last_execution_result.result`` likewise. Entries without tensors stay in ``Out``.
+- the last exception's frames: the traceback is detached from the exception (and its ``__cause__`` /
+  ``__context__`` chain), ``sys.last_traceback`` and ``shell.InteractiveTB.tb`` are cleared. The
+  exception object itself stays (``sys.last_value`` still says what failed; ``%tb`` / ``%debug`` can no
+  longer show its frames). If the exception object itself holds tensors (in its arguments), the
+  references to it are dropped as well.
+
+It never deletes or rebinds a user's own name. A value that a user name also holds (``x = Out[3]``)
+stays alive through that name and the result says so. An exception object a user name holds is not
+modified. Called from another thread while a cell runs (a widget callback during training) it leaves the
+output cache and its names alone (reported as kept: run it again once the cell is done) and only detaches
+the last exception's frames.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from gpumem.core.runtime import ipython_shell
+from gpumem.core.units import format_bytes, format_delta
+
+__all__ = ["DeviceReclaim", "FreeResult", "free"]
+
+_free_lock = threading.Lock()
+
+
+class DeviceReclaim(NamedTuple):
+    """PyTorch allocator counters of one CUDA device before and after a free."""
+
+    device: int
+    allocated_before_bytes: int
+    allocated_after_bytes: int
+    reserved_before_bytes: int
+    reserved_after_bytes: int
+
+    @property
+    def allocated_reclaimed_bytes(self) -> int:
+        return self.allocated_before_bytes - self.allocated_after_bytes
+
+    @property
+    def reserved_reclaimed_bytes(self) -> int:
+        return self.reserved_before_bytes - self.reserved_after_bytes
+
+
+class FreeResult(NamedTuple):
+    """What :func:`free` did and what it gave back, per device."""
+
+    devices: tuple[DeviceReclaim, ...]
+    deep: bool
+    released: tuple[str, ...]  # IPython references dropped ("Out[3]", "_3", "sys.last_traceback", ...)
+    kept: tuple[str, ...]  # references found but left alone, with why ("_3: ...")
+    collected_objects: int  # what gc.collect reported
+    elapsed_s: float
+    note: str = ""
+
+    @property
+    def allocated_reclaimed_bytes(self) -> int:
+        return sum(d.allocated_reclaimed_bytes for d in self.devices)
+
+    @property
+    def reserved_reclaimed_bytes(self) -> int:
+        return sum(d.reserved_reclaimed_bytes for d in self.devices)
+
+    def describe(self) -> str:
+        """Plain text: per device, then the references released and kept."""
+        objects = f"{self.collected_objects} object{'' if self.collected_objects == 1 else 's'}"
+        lines = [f"gpumem free{' --deep' if self.deep else ''}: gc collected {objects}"]
+        for d in self.devices:
+            lines.append(
+                f"  cuda:{d.device}  allocated {format_bytes(d.allocated_before_bytes)} \u2192 "
+                f"{format_bytes(d.allocated_after_bytes)} ({format_delta(-d.allocated_reclaimed_bytes)}), "
+                f"reserved {format_bytes(d.reserved_before_bytes)} \u2192 {format_bytes(d.reserved_after_bytes)} "
+                f"({format_delta(-d.reserved_reclaimed_bytes)})"
+            )
+        if self.note:
+            lines.append(f"  {self.note}")
+        if self.released:
+            lines.append("  released IPython references: " + ", ".join(self.released))
+        elif self.deep:
+            lines.append("  no IPython reference held tensor memory")
+        lines.extend(f"  kept {item}" for item in self.kept)
+        if not self.deep and self.kept:
+            lines.append("  run `%gpumem free --deep` (or gpumem.free(deep=True)) to release IPython's references")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.describe())
+
+
+def free(deep: bool = False, shell: Any = None, source: Any = None) -> FreeResult:
+    """``gc.collect()`` then ``empty_cache()``; with ``deep``, first drop IPython's references to tensors.
+
+    Safe to call from any thread, also while a cell runs (calls are serialized by a lock). ``source`` is a
+    :class:`~gpumem.core.sources.MemorySource` (the shared monitor's by default); ``shell`` defaults to the
+    running IPython shell.
+    """
+    started = time.perf_counter()
+    with _free_lock:
+        if source is None:
+            from gpumem.core.monitor import default_monitor
+
+            source = default_monitor().source
+        if shell is None:
+            shell = ipython_shell()
+        before = _allocator_readings(source)
+        released: list[str] = []
+        kept: list[str] = []
+        if deep and shell is not None:
+            on_main_thread = threading.current_thread() is threading.main_thread()
+            editable = on_main_thread or not _cell_running(shell)
+            _drop_ipython_references(shell, released, kept, edit_output_cache=editable)
+        elif shell is not None:
+            kept.extend(_hidden_summary(shell))
+        collected = gc.collect()
+        try:
+            source.empty_cache()
+        except Exception as error:
+            note = f"empty_cache failed: {error}"
+        else:
+            note = ""
+        after = _allocator_readings(source)
+        devices = tuple(
+            DeviceReclaim(
+                device=index,
+                allocated_before_bytes=before[index][0],
+                allocated_after_bytes=after[index][0],
+                reserved_before_bytes=before[index][1],
+                reserved_after_bytes=after[index][1],
+            )
+            for index in sorted(set(before) & set(after))
+        )
+        if not devices and not note:
+            note = "no CUDA device is initialized in this process: nothing to return to the driver"
+        if deep and shell is None:
+            note = (note + "; " if note else "") + "no IPython shell: there were no IPython references to drop"
+    result = FreeResult(devices, deep, tuple(released), tuple(kept), collected, time.perf_counter() - started, note)
+    _mark_timeline(source, result)
+    return result
+
+
+def _cell_running(shell: Any) -> bool:
+    """IPython points its display hook at the current ExecutionResult only while a cell executes."""
+    return getattr(getattr(shell, "displayhook", None), "exec_result", None) is not None
+
+
+def _allocator_readings(source: Any) -> dict[int, tuple[int, int]]:
+    try:
+        snapshot = source.snapshot()
+    except Exception:
+        return {}
+    return {r.device: (r.allocated_bytes, r.reserved_bytes) for r in snapshot.allocator}
+
+
+def _mark_timeline(source: Any, result: FreeResult) -> None:
+    from gpumem.core.monitor import default_monitor
+
+    monitor = default_monitor()
+    if monitor.source is source:
+        label = "free --deep" if result.deep else "free"
+        if result.devices:
+            label += f" {format_delta(-result.reserved_reclaimed_bytes)}"
+        monitor.mark(label)
+
+
+def _hidden_summary(shell: Any) -> list[str]:
+    """Without ``deep``: which IPython references hold tensors (so the result can say what deep would do)."""
+    from gpumem.core.holders import find_holders
+
+    report = _walk(shell, find_holders)
+    if report is None:
+        return []
+    return [f"{row.name}: {format_bytes(row.nbytes)} held by IPython" for row in report.hidden if row.nbytes]
+
+
+def _walk(shell: Any, find_holders: Any) -> Any:
+    user_ns = getattr(shell, "user_ns", None)
+    if not isinstance(user_ns, dict) or sys.modules.get("torch") is None:
+        return None
+    return find_holders(user_ns, device="all", shell=shell, max_depth=8, time_budget_s=2.0)
+
+
+def _drop_ipython_references(shell: Any, released: list[str], kept: list[str], *, edit_output_cache: bool) -> None:
+    from gpumem.core.holders import find_holders, hidden_references
+
+    report = _walk(shell, find_holders)
+    if report is None:
+        return
+    rows = {row.name: row for row in report.hidden}
+    for ref in hidden_references(shell):
+        row = rows.get(ref.name)
+        if row is None:
+            continue  # reaches no tensor memory: left in place
+        count = len(released)
+        if ref.name.startswith("Out[") or ref.name in ("_", "__", "___", "last result"):
+            if not edit_output_cache:
+                kept.append(f"{ref.name}: a cell is running, so the output cache and its names are left as they are")
+                continue
+            _drop_output(shell, ref.objects[0], ref.name, released, kept)
+        else:
+            _drop_last_exception(shell, released, kept)
+        if not row.nbytes and len(released) > count:
+            released[-1] += f" (its memory is still held by {', '.join(row.shared_with[:3])})"
+
+
+def _drop_output(shell: Any, value: Any, label: str, released: list[str], kept: list[str]) -> None:
+    """Remove every reference IPython's output cache keeps to ``value``."""
+    user_ns: dict[str, Any] = shell.user_ns
+    hidden_ns: dict[str, Any] = getattr(shell, "user_ns_hidden", {})
+    dropped: list[str] = []
+    out = user_ns.get("_oh")
+    if isinstance(out, dict):
+        for number in [n for n, v in list(out.items()) if v is value]:
+            del out[number]
+            dropped.append(f"Out[{number}]")
+            name = f"_{number}"
+            if hidden_ns.get(name) is value:
+                del hidden_ns[name]
+            if user_ns.get(name) is value:
+                del user_ns[name]
+                dropped.append(name)
+    displayhook = getattr(shell, "displayhook", None)
+    for name in ("_", "__", "___"):
+        mine = hidden_ns.get(name) is value or getattr(displayhook, name, None) is value
+        if not mine:
+            continue
+        if user_ns.get(name) is value:
+            user_ns[name] = ""
+        if hidden_ns.get(name) is value:
+            hidden_ns[name] = ""
+        if displayhook is not None and getattr(displayhook, name, None) is value:
+            setattr(displayhook, name, "")
+        dropped.append(name)
+    for owner in (getattr(shell, "last_execution_result", None), getattr(displayhook, "exec_result", None)):
+        if owner is not None and getattr(owner, "result", None) is value:
+            owner.result = None
+            if "last result" not in dropped:
+                dropped.append("last result")
+    if dropped:
+        released.append(" ".join(dropped) if len(dropped) == 1 else f"{dropped[0]} ({', '.join(dropped[1:])})")
+    elif label:
+        kept.append(f"{label}: no reference left to drop")
+
+
+def _drop_last_exception(shell: Any, released: list[str], kept: list[str]) -> None:
+    """Detach the last exception's traceback (its frames hold the locals); keep the exception itself."""
+    user_ns: dict[str, Any] = getattr(shell, "user_ns", {})
+    user_values = {id(value) for value in list(user_ns.values())}
+    exceptions = _exception_chain(
+        value
+        for value in (
+            getattr(sys, "last_value", None),
+            getattr(sys, "last_exc", None),
+            getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None),
+        )
+        if isinstance(value, BaseException)
+    )
+    dropped: list[str] = []
+    for error in exceptions:
+        if id(error) in user_values:
+            kept.append(f"{type(error).__name__}: the exception is also a user variable, its frames stay")
+            continue
+        if error.__traceback__ is not None:
+            error.__traceback__ = None
+            if "exception traceback" not in dropped:
+                dropped.append("exception traceback")
+    last_tb = getattr(sys, "last_traceback", None)
+    if last_tb is not None:
+        if id(last_tb) in user_values:
+            kept.append("sys.last_traceback: the traceback is also a user variable")
+        else:
+            sys.last_traceback = None
+            dropped.append("sys.last_traceback")
+    interactive_tb = getattr(shell, "InteractiveTB", None)
+    if interactive_tb is not None and getattr(interactive_tb, "tb", None) is not None:
+        interactive_tb.tb = None
+        dropped.append("shell.InteractiveTB.tb")
+    if _exception_holds_tensors(exceptions):
+        for name in ("last_value", "last_exc"):
+            if getattr(sys, name, None) is not None and id(getattr(sys, name)) not in user_values:
+                setattr(sys, name, None)
+                dropped.append(f"sys.{name}")
+        last = getattr(shell, "last_execution_result", None)
+        if last is not None and getattr(last, "error_in_exec", None) is not None:
+            last.error_in_exec = None
+            dropped.append("last_execution_result.error_in_exec")
+    if dropped:
+        released.append("last exception (" + ", ".join(dropped) + ")")
+
+
+def _exception_chain(roots: Iterable[BaseException]) -> list[BaseException]:
+    seen: dict[int, BaseException] = {}
+    stack = list(roots)
+    while stack and len(seen) < 64:
+        error = stack.pop()
+        if id(error) in seen:
+            continue
+        seen[id(error)] = error
+        for linked in (error.__cause__, error.__context__):
+            if linked is not None:
+                stack.append(linked)
+        members = getattr(error, "exceptions", None)
+        if isinstance(members, tuple):
+            stack.extend(member for member in members if isinstance(member, BaseException))
+    return list(seen.values())
+
+
+def _exception_holds_tensors(exceptions: list[BaseException]) -> bool:
+    """Whether the exception objects themselves (their args and attributes, frames already detached) hold tensors."""
+    torch = sys.modules.get("torch")
+    if torch is None or not exceptions:
+        return False
+    from gpumem.core.holders import find_holders
+
+    namespace = {f"e{index}": error for index, error in enumerate(exceptions)}
+    report = find_holders(namespace, device="all", include_hidden=False, max_depth=6)
+    return report.total_bytes > 0

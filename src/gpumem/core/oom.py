@@ -1,0 +1,485 @@
+"""When a cell dies of CUDA out-of-memory, say why beneath the error and how to get the memory back.
+
+The figures come from PyTorch's out-of-memory observer when it is available (called with the device,
+the requested size and the device's total and free memory just before the error is raised), else from
+the error message, which has stated allocated and reserved-but-unallocated memory since torch 1.x.
+The holders of the device's memory come from :mod:`gpumem.core.holders`. torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+from typing import Any, NamedTuple
+
+from gpumem.core.runtime import cuda_source
+from gpumem.core.units import format_bytes
+
+__all__ = ["OomReport", "explain", "find_oom_error", "install", "parse_oom_message", "render_html", "render_text"]
+
+FREE_COMMAND = "%gpumem free --deep"
+
+
+class OomObservation(NamedTuple):
+    """What PyTorch's out-of-memory observer reported (numbers only, no references)."""
+
+    device: int
+    requested_bytes: int
+    device_total_bytes: int
+    device_free_bytes: int
+    monotonic_s: float
+
+
+class OomFigures(NamedTuple):
+    """Figures parsed from the error message; None where the message does not say."""
+
+    device: int | None
+    requested_bytes: int | None
+    device_total_bytes: int | None
+    device_free_bytes: int | None
+    process_bytes: int | None
+    allocated_bytes: int | None
+    reserved_unallocated_bytes: int | None
+
+
+class OomReport(NamedTuple):
+    """Everything shown beneath an out-of-memory error."""
+
+    device: int | None
+    requested_bytes: int | None
+    device_total_bytes: int | None
+    device_free_bytes: int | None
+    process_bytes: int | None
+    allocated_bytes: int | None
+    reserved_unallocated_bytes: int | None
+    fragmentation: bool
+    advice: tuple[str, ...]
+    holders: Any  # gpumem.core.holders.HolderReport | None
+    source_of_figures: str  # "observer", "message", "observer+message"
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing
+# ----------------------------------------------------------------------------------------------
+
+_UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
+_SIZE = r"([\d.]+)\s*(B|KiB|MiB|GiB|TiB|PiB)"
+_PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
+    "requested": (re.compile(r"Tried to allocate " + _SIZE),),
+    "total": (re.compile(r"total capacity of " + _SIZE), re.compile(_SIZE + r" total capacity")),
+    "free": (re.compile(r"of which " + _SIZE + r" is free"), re.compile(_SIZE + r" free;")),
+    "process": (re.compile(r"this process has " + _SIZE + r" memory in use"),),
+    "allocated": (re.compile(_SIZE + r" is allocated by PyTorch"), re.compile(_SIZE + r" already allocated")),
+    "unallocated": (re.compile(_SIZE + r" is reserved by PyTorch but unallocated"),),
+    "reserved_total": (re.compile(_SIZE + r" reserved in total by PyTorch"),),
+}
+_GPU = re.compile(r"GPU (\d+)")
+
+
+def _size(text: str, key: str) -> int | None:
+    for pattern in _PATTERNS[key]:
+        match = pattern.search(text)
+        if match is not None:
+            try:
+                return int(float(match.group(1)) * _UNIT_BYTES[match.group(2)])
+            except ValueError:
+                return None
+    return None
+
+
+def parse_oom_message(message: str) -> OomFigures:
+    """Figures from a CUDA out-of-memory message (torch 1.x and 2.x wordings)."""
+    gpu = _GPU.search(message)
+    allocated = _size(message, "allocated")
+    unallocated = _size(message, "unallocated")
+    if unallocated is None:
+        reserved_total = _size(message, "reserved_total")
+        if reserved_total is not None and allocated is not None:
+            unallocated = max(0, reserved_total - allocated)
+    return OomFigures(
+        device=int(gpu.group(1)) if gpu else None,
+        requested_bytes=_size(message, "requested"),
+        device_total_bytes=_size(message, "total"),
+        device_free_bytes=_size(message, "free"),
+        process_bytes=_size(message, "process"),
+        allocated_bytes=allocated,
+        reserved_unallocated_bytes=unallocated,
+    )
+
+
+def find_oom_error(error: BaseException | None) -> BaseException | None:
+    """The CUDA out-of-memory error in ``error`` or its cause / context chain, else None."""
+    torch = sys.modules.get("torch")
+    oom_types: tuple[type, ...] = tuple(
+        t
+        for t in (
+            getattr(torch, "OutOfMemoryError", None),
+            getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None),
+        )
+        if isinstance(t, type)
+    )
+    seen: set[int] = set()
+    current = error
+    while current is not None and id(current) not in seen and len(seen) < 32:
+        seen.add(id(current))
+        if oom_types and isinstance(current, oom_types):
+            return current
+        if isinstance(current, RuntimeError) and "CUDA out of memory" in str(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Explaining
+# ----------------------------------------------------------------------------------------------
+
+
+def explain(
+    error: BaseException,
+    *,
+    observation: OomObservation | None = None,
+    shell: Any = None,
+    namespace: Any = None,
+    source: Any = None,
+    time_budget_s: float = 0.5,
+    holder_device: str | None = None,
+) -> OomReport:
+    """Put the OOM's figures, the device's top holders and the advice together."""
+    figures = parse_oom_message(str(error))
+    device = observation.device if observation is not None else figures.device
+    requested = observation.requested_bytes if observation is not None else figures.requested_bytes
+    total = observation.device_total_bytes if observation is not None else figures.device_total_bytes
+    free_bytes = observation.device_free_bytes if observation is not None else figures.device_free_bytes
+    if observation is None:
+        origin = "message"
+    elif any(value is not None for value in figures):
+        origin = "observer+message"
+    else:
+        origin = "observer"
+    allocated = figures.allocated_bytes
+    unallocated = figures.reserved_unallocated_bytes
+    if (allocated is None or unallocated is None) and device is not None:
+        reading = _allocator_reading(source, device)
+        if reading is not None:
+            allocated = reading.allocated_bytes if allocated is None else allocated
+            if unallocated is None:
+                unallocated = max(0, reading.reserved_bytes - reading.allocated_bytes)
+    fragmentation = bool(
+        requested is not None and unallocated is not None and unallocated >= requested and unallocated > 0
+    )
+    report_holders = None
+    if namespace is None and shell is not None:
+        namespace = getattr(shell, "user_ns", None)
+    if namespace is not None:
+        from gpumem.core.holders import find_holders
+
+        try:
+            report_holders = find_holders(
+                namespace,
+                device=holder_device or (f"cuda:{device}" if device is not None else "cuda"),
+                shell=shell,
+                time_budget_s=time_budget_s,
+                source=source,
+            )
+        except Exception:
+            report_holders = None
+    advice = _advice(requested, total, free_bytes, unallocated, fragmentation, report_holders, str(error))
+    return OomReport(
+        device=device,
+        requested_bytes=requested,
+        device_total_bytes=total,
+        device_free_bytes=free_bytes,
+        process_bytes=figures.process_bytes,
+        allocated_bytes=allocated,
+        reserved_unallocated_bytes=unallocated,
+        fragmentation=fragmentation,
+        advice=tuple(advice),
+        holders=report_holders,
+        source_of_figures=origin,
+    )
+
+
+def _allocator_reading(source: Any, device: int) -> Any:
+    source = cuda_source(source)
+    if source is None:
+        return None
+    try:
+        return source.snapshot().allocator_for(device)
+    except Exception:
+        return None
+
+
+def _alloc_conf_variable(message: str) -> str:
+    return "PYTORCH_ALLOC_CONF" if "PYTORCH_ALLOC_CONF" in message else "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def _expandable_segments_on() -> bool:
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        value = os.environ.get(name, "").replace(" ", "").lower()
+        if "expandable_segments:true" in value:
+            return True
+    return False
+
+
+def _advice(
+    requested: int | None,
+    total: int | None,
+    free_bytes: int | None,
+    unallocated: int | None,
+    fragmentation: bool,
+    report_holders: Any,
+    message: str,
+) -> list[str]:
+    advice: list[str] = []
+    too_large = requested is not None and total is not None and requested > total
+    if too_large and requested is not None and total is not None:
+        advice.append(
+            f"The request alone ({format_bytes(requested)}) is larger than the whole device "
+            f"({format_bytes(total)}): no amount of freeing helps; use a smaller batch or shard the tensor."
+        )
+    if fragmentation and unallocated is not None:
+        if _expandable_segments_on():
+            advice.append(
+                f"PyTorch has {format_bytes(unallocated)} reserved but unallocated, yet not in one piece, although "
+                "expandable_segments is already on: free the cache with `%gpumem free` and retry."
+            )
+        else:
+            variable = _alloc_conf_variable(message)
+            advice.append(
+                f"Fragmentation: PyTorch holds {format_bytes(unallocated)} reserved but unallocated, more than the "
+                f"request, but not in one contiguous piece. Set {variable}=expandable_segments:True before CUDA "
+                "starts (restart the kernel, set it in the first cell before importing torch, or in the "
+                "environment), or return the cache with `%gpumem free`."
+            )
+    if report_holders is not None:
+        hidden = sum(row.nbytes for row in report_holders.hidden)
+        if hidden:
+            advice.append(
+                f"IPython itself holds {format_bytes(hidden)} of tensors (output cache / last exception): "
+                f"`{FREE_COMMAND}` releases them."
+            )
+        if report_holders.holders and report_holders.holders[0].nbytes and not too_large:
+            top = report_holders.holders[0]
+            advice.append(f"The largest holder is `{top.name}` ({format_bytes(top.nbytes)}): `del {top.name}` if done.")
+    if (
+        advice
+        and free_bytes is not None
+        and requested is not None
+        and free_bytes < requested
+        and not fragmentation
+        and not too_large
+    ):
+        # "Then" follows a step above; alone it would repeat the closing line, which always names the command.
+        advice.append(f"Then `{FREE_COMMAND}` returns what is freed to the driver.")
+    return advice
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering
+# ----------------------------------------------------------------------------------------------
+
+
+def _b(value: int | None) -> str:
+    return "n/a" if value is None else format_bytes(value)
+
+
+def _summary_lines(report: OomReport) -> list[str]:
+    where = f"cuda:{report.device}" if report.device is not None else "the GPU"
+    lines = [f"gpumem: CUDA out of memory on {where}"]
+    device_figures = (report.requested_bytes, report.device_free_bytes, report.device_total_bytes)
+    if any(value is not None for value in device_figures):
+        lines.append(
+            f"  requested {_b(report.requested_bytes)}; free on the device {_b(report.device_free_bytes)} "
+            f"of {_b(report.device_total_bytes)}"
+            + (f"; this process uses {_b(report.process_bytes)}" if report.process_bytes is not None else "")
+        )
+    if report.allocated_bytes is not None or report.reserved_unallocated_bytes is not None:
+        lines.append(
+            f"  PyTorch: allocated {_b(report.allocated_bytes)}, reserved but unallocated "
+            f"{_b(report.reserved_unallocated_bytes)}" + (" (fragmentation)" if report.fragmentation else "")
+        )
+    if len(lines) == 1:
+        lines.append("  the error states no sizes, and none could be read from the device")
+    return lines
+
+
+def render_text(report: OomReport, *, limit: int = 5) -> str:
+    lines = _summary_lines(report)
+    holders = report.holders
+    if holders is not None:
+        named = [row for row in holders.holders if row.nbytes][:limit]
+        hidden = [row for row in holders.hidden if row.nbytes][:limit]
+        shown = [*named, *hidden]
+        width = max((len(row.name) for row in shown), default=0)
+        type_width = max((len(row.type_name) for row in shown), default=0)
+        if named:
+            lines.append("  top holders:")
+            lines.extend(
+                f"    {row.name:<{width}}  {row.type_name:<{type_width}}  {format_bytes(row.nbytes):>10}"
+                for row in named
+            )
+        if hidden:
+            lines.append(f"  held by IPython (release with {FREE_COMMAND}):")
+            lines.extend(
+                f"    {row.name:<{width}}  {row.type_name:<{type_width}}  {format_bytes(row.nbytes):>10}"
+                for row in hidden
+            )
+    lines.extend(f"  - {item}" for item in report.advice)
+    lines.append(f"  to free what IPython keeps and return the cache: {FREE_COMMAND}")
+    return "\n".join(lines)
+
+
+def render_html(report: OomReport, *, limit: int = 5) -> str:
+    from gpumem.core.holders import _escape
+
+    summary = _summary_lines(report)
+    parts = [
+        "<div class='gpumem-oom' style='border-left:3px solid #d9534f;padding:4px 8px'>",
+        f"<b>{_escape(summary[0])}</b><br>",
+        "<br>".join(_escape(line.strip()) for line in summary[1:]),
+    ]
+    holders = report.holders
+    named = [row for row in holders.holders if row.nbytes][:limit] if holders is not None else []
+    hidden = [row for row in holders.hidden if row.nbytes][:limit] if holders is not None else []
+    if named or hidden:
+        parts.append("<table><tbody>")
+        for row in named:
+            parts.append(
+                f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
+                f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
+            )
+        if hidden:
+            parts.append("<tr><td colspan=3><b>Held by IPython</b></td></tr>")
+            for row in hidden:
+                parts.append(
+                    f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
+                    f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
+                )
+        parts.append("</tbody></table>")
+    if report.advice:
+        parts.append("<ul>" + "".join(f"<li>{_escape(item)}</li>" for item in report.advice) + "</ul>")
+    parts.append(f"To free what IPython keeps and return the cache: <code>{FREE_COMMAND}</code></div>")
+    return "".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# IPython hook and PyTorch observer
+# ----------------------------------------------------------------------------------------------
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.shell: Any = None
+        self.source: Any = None
+        self.holder_device: str | None = None
+        self.active = False
+        self.observer_attached = False
+        self.last_observation: OomObservation | None = None
+        self.cell_started_s = 0.0
+
+
+_state = _State()
+
+
+def _observer(device: int, alloc: int, device_total: int, device_free: int) -> None:
+    """Called by PyTorch just before it raises OutOfMemoryError: store numbers only, allocate nothing on GPU."""
+    if not _state.active:
+        return
+    _state.last_observation = OomObservation(
+        int(device), int(alloc), int(device_total), int(device_free), time.monotonic()
+    )
+
+
+def _attach_observer() -> None:
+    """Attach once CUDA is initialized (before that the allocator has no device to attach to)."""
+    if _state.observer_attached:
+        return
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+    if cuda is None or attach is None or not cuda.is_initialized():
+        return
+    with _state.lock:
+        if _state.observer_attached:
+            return
+        try:
+            attach(_observer)
+        except Exception:
+            return
+        _state.observer_attached = True
+
+
+def _pre_run_cell(*_args: Any) -> None:
+    _state.cell_started_s = time.monotonic()
+    _attach_observer()
+
+
+def _post_run_cell(result: Any) -> None:
+    """Never raises: a failure to explain must not cost the user their kernel or the original error."""
+    try:
+        error = getattr(result, "error_in_exec", None)
+        oom = find_oom_error(error) if error is not None else None
+        if oom is not None:
+            observation = _state.last_observation
+            if observation is not None and observation.monotonic_s < _state.cell_started_s:
+                observation = None
+            report = explain(
+                oom,
+                observation=observation,
+                shell=_state.shell,
+                source=_state.source,
+                holder_device=_state.holder_device,
+            )
+            _display(render_text(report), render_html(report))
+        _attach_observer()
+    except Exception as failure:
+        print(f"gpumem: could not explain the out-of-memory error ({type(failure).__name__}: {failure})")
+
+
+def _display(text: str, html: str) -> None:
+    import importlib
+
+    display: Any = importlib.import_module("IPython.display").display
+    display({"text/plain": text, "text/html": html}, raw=True)
+
+
+def install(shell: Any, source: Any = None, holder_device: str | None = None) -> None:
+    """Explain CUDA out-of-memory errors beneath the failing cell (idempotent).
+
+    ``source`` supplies allocator figures (the shared monitor's by default); ``holder_device`` widens the
+    holders list beyond the failing device (``"all"``, ``"cpu"``; default: the device that ran out).
+    """
+    with _state.lock:
+        if _state.active and _state.shell is shell:
+            _state.source = source
+            _state.holder_device = holder_device
+            return
+    if _state.active:
+        uninstall(_state.shell)
+    _state.shell = shell
+    _state.source = source
+    _state.holder_device = holder_device
+    _state.active = True
+    _state.cell_started_s = time.monotonic()
+    shell.events.register("pre_run_cell", _pre_run_cell)
+    shell.events.register("post_run_cell", _post_run_cell)
+    _attach_observer()
+
+
+def uninstall(shell: Any) -> None:
+    """Remove the hooks; PyTorch cannot detach an observer, so ours becomes a no-op."""
+    for event, callback in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
+        with contextlib.suppress(ValueError):
+            shell.events.unregister(event, callback)
+    if _state.shell is shell:
+        _state.active = False
+        _state.shell = None
+        _state.source = None
+        _state.holder_device = None
+        _state.last_observation = None

@@ -1,0 +1,177 @@
+"""``%gpumem monitor`` and ``%gpumem sidebar``: parse the panel options, make the panel, show it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from IPython.core import magic_arguments as _magic_args
+from IPython.core.error import UsageError
+
+from gpumem.panel.frame import DEFAULT_RATE_HZ, parse_device, parse_rate, parse_threshold, parse_window
+from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
+
+if TYPE_CHECKING:
+    from argparse import Namespace
+
+    from gpumem.panel.widget import Panel
+
+__all__ = ["magic_monitor", "magic_sidebar"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
+    """IPython's ``magic_arguments.argument``, typed."""
+    return _magic_args.argument(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def magic_arguments(name: str) -> Callable[[_F], _F]:
+    """IPython's ``magic_arguments.magic_arguments``, typed."""
+    return _magic_args.magic_arguments(name)  # type: ignore[no-untyped-call]
+
+
+def parse_argstring(func: Callable[..., Any], line: str) -> Namespace:
+    """Parse ``line`` with the options ``func`` declares; bad input raises IPython's UsageError."""
+    from gpumem.ipython.magics import parse_argstring as parse
+
+    namespace: Namespace = parse(func, line)
+    return namespace
+
+
+def _panel_arguments(func: _F) -> _F:
+    for decorator in reversed(
+        (
+            argument(
+                "-w",
+                "--window",
+                default="10min",
+                help="time window: 1min, 10min, 1h, all, or any duration such as 30s or 2h (default 10min)",
+            ),
+            argument("-d", "--device", default=None, help="CUDA device index such as 0 or cuda:1, or all (default)"),
+            argument(
+                "-t",
+                "--threshold",
+                default="90%",
+                help="fraction of capacity at which the header turns red: 0.9 or 90%% (default 90%%)",
+            ),
+            argument(
+                "-r",
+                "--rate",
+                default=str(DEFAULT_RATE_HZ),
+                help=f"most updates per second sent to the browser, 0.2 to 10 (default {DEFAULT_RATE_HZ:g})",
+            ),
+            argument("--host", action="store_true", help="also plot this process's host RSS"),
+            argument("--full-scale", action="store_true", help="y axis up to the device capacity"),
+        )
+    ):
+        func = decorator(func)
+    return func
+
+
+def _panel_options(args: Namespace) -> dict[str, Any]:
+    """Validated keyword arguments for Panel; a bad value is a one-line UsageError."""
+    try:
+        return {
+            "window": parse_window(args.window),
+            "device": parse_device(args.device),
+            "threshold": parse_threshold(args.threshold),
+            "rate_hz": parse_rate(args.rate),
+            "host": bool(args.host),
+            "full_scale": bool(args.full_scale),
+        }
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _check_device(options: dict[str, Any]) -> None:
+    """A device CUDA does not have is a usage error, as for %%gpumem (unknown until CUDA starts)."""
+    if options["device"] is not None:
+        from gpumem.core.monitor import default_monitor
+        from gpumem.ipython.magics import check_devices_exist
+
+        check_devices_exist((options["device"],), default_monitor().source)
+
+
+def _has_kernel(shell: Any) -> bool:
+    return getattr(shell, "kernel", None) is not None
+
+
+_NO_KERNEL = (
+    "The live panel is a Jupyter widget and needs a notebook front end (JupyterLab, Notebook 7, VS Code); "
+    "this IPython has no kernel. %gpumem status prints the figures as text."
+)
+
+
+@magic_arguments(name="gpumem monitor")
+@_panel_arguments
+@argument("--close", action="store_true", help="close every open panel and stop what they started")
+def magic_monitor(shell: Any, line: str) -> None:
+    """Show the live memory panel below the cell (also bare %gpumem).
+
+    Curves of PyTorch's allocated and reserved memory and whole-device use per GPU, kept moving by a
+    background thread while cells run; Free (gc.collect + empty_cache), Pause, Reset peak, time window.
+    """
+    args = parse_argstring(magic_monitor, line)
+    if args.close:
+        count = len(open_panels())
+        close_all()
+        print(f"Closed {count} panel{'s' if count != 1 else ''}.")
+        return
+    options = _panel_options(args)
+    _check_device(options)
+    if not _has_kernel(shell):
+        print(_NO_KERNEL)
+        return
+    from IPython.display import display
+
+    from gpumem.panel.widget import Panel
+
+    display(Panel(shell=shell, **options))  # type: ignore[no-untyped-call]
+
+
+@magic_arguments(name="gpumem sidebar")
+@_panel_arguments
+def magic_sidebar(shell: Any, line: str) -> None:
+    """Dock the live memory panel in the right sidebar (JupyterLab 4, Notebook 7).
+
+    Needs gpumem's front-end extension in the Jupyter server's environment; elsewhere the panel is
+    shown inline with a note saying why.
+    """
+    args = parse_argstring(magic_sidebar, line)
+    options = _panel_options(args)
+    _check_device(options)
+    if not _has_kernel(shell):
+        print(_NO_KERNEL)
+        return
+    explicit = {key: value for key, value in options.items() if value != _DEFAULTS.get(key)}
+    panel = sidebar_panel(shell=shell, **explicit) if explicit else sidebar_panel()
+    try:
+        from gpumem.panel.frontend import show_sidebar
+    except ImportError as error:
+        _show_inline(panel, f"The sidebar is unavailable ({error}); showing the panel inline instead.")
+        return
+    try:
+        show_sidebar(panel)
+    except Exception as error:
+        _show_inline(
+            panel, f"The sidebar could not be used ({type(error).__name__}: {error}); showing the panel inline."
+        )
+
+
+_DEFAULTS: dict[str, Any] = {
+    "window": parse_window("10min"),
+    "device": None,
+    "threshold": parse_threshold("90%"),
+    "rate_hz": DEFAULT_RATE_HZ,
+    "host": False,
+    "full_scale": False,
+}
+
+
+def _show_inline(panel: Panel, note: str) -> None:
+    from IPython.display import display
+
+    print(note)
+    display(panel)  # type: ignore[no-untyped-call]
+

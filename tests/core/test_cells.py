@@ -1,0 +1,449 @@
+"""CellTracker driven directly: a deterministic fake allocator for the CUDA side, real torch CPU tensors
+and the real holders walk for variable attribution and the graph warning."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from gpumem.core.cells import (
+    KEPT_PEAK_NOTE,
+    PEAK_RESET_NOTE,
+    STATUS_ERROR,
+    STATUS_INTERRUPTED,
+    STATUS_OK,
+    STATUS_OUT_OF_MEMORY,
+    CellOptions,
+    CellTracker,
+    classify_error,
+    first_line_of,
+    source_key,
+)
+from gpumem.core.monitor import Monitor
+from gpumem.testing import GIB, MIB, FakeSource
+
+
+@pytest.fixture
+def fake() -> FakeSource:
+    return FakeSource(devices=2)
+
+
+@pytest.fixture
+def tracker(fake: FakeSource) -> Iterator[CellTracker]:
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    yield tracker
+    tracker.close()
+
+
+def run(tracker: CellTracker, source: str, body: Any = None, **options: Any) -> Any:
+    cell = tracker.begin(source, options=CellOptions(**options))
+    error: BaseException | None = None
+    try:
+        if body is not None:
+            body()
+    except BaseException as caught:
+        error = caught
+    return tracker.end(cell, error=error)
+
+
+def test_deltas_and_exact_peak_of_a_transient(tracker: CellTracker, fake: FakeSource) -> None:
+    fake.allocate(3 * GIB)  # before the cell, and a peak far above what the cell reaches
+    fake.transient(5 * GIB)
+    kept: list[int] = []
+
+    def body() -> None:
+        kept.append(fake.allocate(1 * GIB))
+        fake.transient(2 * GIB)
+
+    record = run(tracker, "x = torch.ones(...)", body)
+    (change,) = record.devices
+    assert change.device == 0
+    assert change.allocated_before_bytes == 3 * GIB
+    assert change.allocated_after_bytes == 4 * GIB
+    assert change.allocated_delta_bytes == 1 * GIB
+    assert change.peak_exact and change.peak_note == ""
+    assert change.peak_allocated_bytes == 6 * GIB  # 4 GiB held + 2 GiB transient; the old 8 GiB peak was reset
+    assert change.peak_above_start_bytes == 3 * GIB
+    assert change.used_delta_bytes == change.reserved_delta_bytes  # the fake's NVML sees reserved + context
+    assert record.status == STATUS_OK and record.error is None
+    assert record.first_line == "x = torch.ones(...)"
+    assert record.cuda_note is None
+
+
+def test_only_devices_in_use_are_reported_and_selection_is_honoured(tracker: CellTracker, fake: FakeSource) -> None:
+    record = run(tracker, "a", lambda: fake.allocate(10 * MIB, device=1))
+    assert [change.device for change in record.devices] == [1]
+    record = run(tracker, "b", lambda: fake.allocate(10 * MIB, device=0), devices=(1,))
+    assert [change.device for change in record.devices] == [1]
+    assert record.devices[0].allocated_delta_bytes == 0
+
+
+def test_no_cuda_says_so_and_keeps_host(tracker: CellTracker, fake: FakeSource) -> None:
+    fake.cuda_initialized = False
+    record = run(tracker, "x = 1", lambda: fake.set_host_rss(3 * GIB))
+    assert record.devices == ()
+    assert record.cuda_note is not None and "CUDA is not in use" in record.cuda_note
+    assert record.host is not None
+    assert record.host.rss_delta_bytes == 2 * GIB
+    assert record.host.peak_exact  # the lifetime peak rose during the cell
+
+
+def test_device_initialized_inside_the_cell_has_an_exact_peak(tracker: CellTracker, fake: FakeSource) -> None:
+    fake.cuda_initialized = False
+
+    def body() -> None:
+        fake.allocate(1 * GIB)  # the fake initializes CUDA on first allocation, as torch does
+        fake.transient(2 * GIB)
+
+    record = run(tracker, "first cuda", body)
+    (change,) = record.devices
+    assert change.initialized_in_cell
+    assert change.allocated_before_bytes == 0
+    assert change.peak_exact and change.peak_allocated_bytes == 3 * GIB
+
+
+def test_user_reset_inside_the_cell_is_detected(tracker: CellTracker, fake: FakeSource) -> None:
+    big = fake.allocate(2 * GIB)
+
+    def body() -> None:
+        fake.free(big)
+        fake.reset_peaks([0])  # what torch.cuda.reset_peak_memory_stats() does
+        fake.allocate(100 * MIB)
+
+    record = run(tracker, "reset inside", body)
+    (change,) = record.devices
+    assert not change.peak_exact
+    assert change.peak_note == PEAK_RESET_NOTE
+    assert change.peak_allocated_bytes == 2 * GIB  # the sampled lower bound: the level at the cell's start
+    assert [w.kind for w in record.warnings] == ["peak-reset"]
+
+
+def test_reset_through_torch_is_counted_even_after_an_unsampled_spike(
+    tracker: CellTracker, fake: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    # The CPU build has no CUDA reset; stand in for it with one that resets the fake allocator.
+    monkeypatch.setattr(torch._C, "_cuda_resetPeakMemoryStats", lambda d: fake.reset_peaks([d]), raising=False)
+    fake.allocate(1 * GIB)
+
+    def body() -> None:
+        fake.transient(4 * GIB)  # nothing samples this spike
+        torch._C._cuda_resetPeakMemoryStats(0)  # what torch.cuda.reset_peak_memory_stats(0) calls
+        fake.allocate(2 * GIB)
+
+    record = run(tracker, "spike, then reset", body)
+    (change,) = record.devices
+    # Every reading is consistent with an exact 3 GiB peak; only the count of resets shows it is not.
+    assert not change.peak_exact and change.peak_note == PEAK_RESET_NOTE
+    assert change.peak_allocated_bytes == 3 * GIB  # the counter since the reset: a lower bound
+    assert [w.kind for w in record.warnings] == ["peak-reset"]
+    record = run(tracker, "next cell", lambda: fake.transient(GIB))
+    assert record.devices[0].peak_exact  # the tracker's own reset at the cell start is not counted
+    tracker.close()
+    assert torch._C._cuda_resetPeakMemoryStats.__name__ == "<lambda>"  # unwrapped again
+
+
+def test_keep_peaks_does_not_reset_and_labels_the_bound(tracker: CellTracker, fake: FakeSource) -> None:
+    fake.allocate(1 * GIB)
+    fake.transient(4 * GIB)  # the user's own peak so far: 5 GiB
+
+    record = run(tracker, "small", lambda: fake.transient(1 * GIB), keep_peaks=True)
+    (change,) = record.devices
+    assert fake.snapshot().allocator[0].peak_allocated_bytes == 5 * GIB  # untouched
+    assert not change.peak_exact and change.peak_note == KEPT_PEAK_NOTE
+    assert change.peak_allocated_bytes == 1 * GIB  # nothing sampled the transient: a lower bound
+    assert record.keep_peaks
+
+    record = run(tracker, "big", lambda: fake.transient(6 * GIB), keep_peaks=True)
+    (change,) = record.devices
+    assert change.peak_exact  # the counter rose above its old value, so that rise happened in this cell
+    assert change.peak_allocated_bytes == 7 * GIB
+
+
+def test_sampler_feeds_the_lower_bound(fake: FakeSource) -> None:
+    monitor = Monitor(fake, rate_hz=200)
+    tracker = CellTracker(monitor)
+    try:
+        fake.allocate(1 * GIB)
+        fake.transient(3 * GIB)
+
+        def body() -> None:
+            handle = fake.allocate(2 * GIB)
+            deadline = time.monotonic() + 5
+            while monitor.sampler.cost().samples < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fake.free(handle)
+
+        record = run(tracker, "sampled", body, keep_peaks=True)
+        assert tracker.started_sampler and monitor.running and tracker in monitor.users
+        (change,) = record.devices
+        assert not change.peak_exact
+        assert change.peak_allocated_bytes == 3 * GIB  # seen by the sampler thread while the cell ran
+    finally:
+        tracker.close()
+    assert not monitor.running and monitor.users == frozenset()
+
+
+def test_the_sampler_is_shared_with_other_users(fake: FakeSource) -> None:
+    monitor = Monitor(fake)
+    monitor.acquire("panel")
+    tracker = CellTracker(monitor)
+    run(tracker, "cell")
+    assert monitor.users == {"panel", tracker}
+    tracker.close()
+    assert monitor.running and monitor.users == {"panel"}  # the panel still needs it
+    monitor.release("panel")
+    assert not monitor.running
+
+
+def test_status_of_errors_interrupts_and_out_of_memory(tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+
+    def boom() -> None:
+        raise ValueError("bad value")
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    def torch_oom() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def fake_oom() -> None:
+        fake.allocate(200 * GIB)
+
+    statuses = [run(tracker, name, body).status for name, body in (("a", boom), ("b", interrupt))]
+    statuses += [run(tracker, name, body).status for name, body in (("c", torch_oom), ("d", fake_oom))]
+    assert statuses == [STATUS_ERROR, STATUS_INTERRUPTED, STATUS_OUT_OF_MEMORY, STATUS_OUT_OF_MEMORY]
+    assert [r.error for r in tracker.history][:2] == ["ValueError: bad value", "KeyboardInterrupt"]
+    assert classify_error(RuntimeError("CUDA out of memory. Tried to allocate"))[0] == STATUS_OUT_OF_MEMORY
+    assert classify_error(RuntimeError("shape mismatch"))[0] == STATUS_ERROR
+
+
+def test_leak_warning_after_three_similar_runs(tracker: CellTracker, fake: FakeSource) -> None:
+    source = "cache.append(torch.ones(256 << 20, device='cuda'))"
+    records = [run(tracker, source, lambda: fake.allocate(256 * MIB)) for _ in range(3)]
+    assert [r.warnings for r in records[:2]] == [(), ()]
+    (warning,) = records[2].warnings
+    assert warning.kind == "leak"
+    assert "256.0 MiB" in warning.message and "run 3 times" in warning.message and "cuda:0" in warning.message
+    # Trailing spaces and surrounding blank lines do not make it a different cell.
+    assert source_key(source) == source_key(f"\n{source}   \n\n")
+    record = run(tracker, f"\n{source}  \n", lambda: fake.allocate(256 * MIB))
+    assert [w.kind for w in record.warnings] == ["leak"] and "run 4 times" in record.warnings[0].message
+
+
+def test_no_leak_warning_for_dissimilar_small_or_few_runs(tracker: CellTracker, fake: FakeSource) -> None:
+    for size in (100 * MIB, 300 * MIB, 100 * MIB):  # growth, but not by a similar amount
+        assert run(tracker, "dissimilar", lambda size=size: fake.allocate(size)).warnings == ()
+    for _ in range(5):  # similar but below leak_min_bytes
+        assert run(tracker, "tiny", lambda: fake.allocate(4096)).warnings == ()
+    for _ in range(2):
+        assert run(tracker, "twice", lambda: fake.allocate(GIB)).warnings == ()
+    handles: list[int] = []
+    for _ in range(3):  # allocates and frees: no growth
+        assert (
+            run(tracker, "steady", lambda: handles.append(fake.allocate(GIB)) or fake.free(handles.pop())).warnings
+            == ()
+        )
+    # Failed runs do not count towards a leak.
+    for _ in range(3):
+        run(tracker, "failing", lambda: (fake.allocate(GIB), 1 / 0))
+    assert all(not r.warnings for r in tracker.history if r.first_line == "failing")
+
+
+def test_capacity_and_fragmentation_warnings(fake: FakeSource) -> None:
+    small = FakeSource(total_bytes=10 * GIB, context_bytes=0)
+    tracker = CellTracker(Monitor(small), start_sampler=False)
+    record = run(tracker, "fill", lambda: small.allocate(int(9.5 * GIB)))
+    assert "capacity" in [w.kind for w in record.warnings]
+    assert "95%" in next(w.message for w in record.warnings if w.kind == "capacity")
+
+
+def test_history_is_bounded_and_clearable(fake: FakeSource) -> None:
+    tracker = CellTracker(Monitor(fake), history_size=5, start_sampler=False)
+    for i in range(8):
+        run(tracker, f"cell {i}")
+    assert [r.first_line for r in tracker.history] == [f"cell {i}" for i in range(3, 8)]
+    assert [r.serial for r in tracker.history] == [4, 5, 6, 7, 8]
+    tracker.history_size = 2
+    assert len(tracker.history) == 2
+    tracker.clear_history()
+    assert tracker.history == ()
+
+
+def test_listeners_get_every_record(tracker: CellTracker) -> None:
+    seen: list[int] = []
+    tracker.add_listener(lambda record: seen.append(record.serial))
+    run(tracker, "a")
+    run(tracker, "b")
+    assert seen == [1, 2]
+
+
+def test_a_cell_whose_end_never_came_is_recorded_as_an_error(tracker: CellTracker) -> None:
+    tracker.begin("lost")
+    record = run(tracker, "next")
+    first, second = tracker.history
+    assert first.first_line == "lost" and first.status == STATUS_ERROR
+    assert second is record and record.status == STATUS_OK
+
+
+def test_first_line_skips_blank_lines_and_cell_magic_headers() -> None:
+    assert first_line_of("\n\n  %%time\n  x = 1\ny = 2") == "x = 1"
+    assert first_line_of("%%time") == "%%time"
+    assert first_line_of("") == ""
+    assert first_line_of("z" * 200).endswith("…") and len(first_line_of("z" * 200)) == 80
+
+
+# Variable attribution with real torch tensors (on the CPU) and the real holders walk ----------------
+
+
+def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+    from gpumem.core.holders import find_holders
+
+    if names is None:
+        return find_holders(namespace, device="cpu")
+    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
+
+
+@pytest.fixture
+def cpu_tracker(fake: FakeSource) -> Iterator[CellTracker]:
+    tracker = CellTracker(Monitor(fake), start_sampler=False, holder_finder=cpu_holders)
+    yield tracker
+    tracker.close()
+
+
+def test_new_and_grown_variables_are_named(cpu_tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {"old": torch.zeros(1000), "keep": [torch.zeros(10)]}
+
+    cell = cpu_tracker.begin("x = ...", options=CellOptions(attribute=True, mode="magic"), namespace=ns)
+    ns["x"] = torch.zeros(250_000)  # 1,000,000 bytes
+    ns["keep"].append(torch.zeros(100))
+    fake.allocate(2 * MIB)
+    record = cpu_tracker.end(cell, namespace=ns)
+
+    names = {v.name: v for v in record.variables}
+    assert set(names) == {"x", "keep"}
+    assert names["x"].nbytes == 1_000_000 and names["x"].previous_bytes is None
+    assert names["x"].type_name == "Tensor"
+    assert names["keep"].previous_bytes == 40 and names["keep"].nbytes == 440 and names["keep"].grown_bytes == 400
+    assert record.variables[0].name == "x"  # largest growth first
+    assert record.variables_note == "new or grown since the start of the cell"
+
+
+def test_auto_mode_attributes_only_when_allocated_memory_changed(cpu_tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {}
+    cell = cpu_tracker.begin("small")
+    ns["a"] = torch.zeros(10)
+    fake.allocate(1000)  # below attribute_threshold_bytes (1 MiB)
+    record = cpu_tracker.end(cell, namespace=ns)
+    assert record.variables == () and "less than 1.0 MiB" in record.variables_note
+
+    cell = cpu_tracker.begin("big")
+    ns["b"] = torch.zeros(1000)
+    fake.allocate(8 * MIB)
+    record = cpu_tracker.end(cell, namespace=ns, execution_count=7)
+    assert [v.name for v in record.variables] == ["b", "a"]
+    assert record.variables_note == "new or grown (first inspection)"
+
+    cell = cpu_tracker.begin("bigger")
+    ns["c"] = torch.zeros(5)
+    fake.allocate(8 * MIB)
+    record = cpu_tracker.end(cell, namespace=ns)
+    assert [v.name for v in record.variables] == ["c"]
+    assert record.variables_note == "new or grown since cell [7]"
+
+
+def test_graph_kept_alive_warning_names_the_element(cpu_tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    w = torch.randn(64, 64, requires_grad=True)
+    ns: dict[str, Any] = {"w": w, "losses": []}
+    for _ in range(2):
+        cell = cpu_tracker.begin("losses.append(loss)")
+        loss = (w @ w).sum()
+        ns["losses"].append(loss)
+        fake.allocate(4 * MIB)
+        record = cpu_tracker.end(cell, namespace=ns)
+    graph = [warning for warning in record.warnings if warning.kind == "graph"]
+    assert len(graph) == 1
+    assert "`losses[0]`, `losses[1]`" in graph[0].message
+    assert ".item()" in graph[0].message and ".detach()" in graph[0].message
+
+    # With .item() the list holds numbers: no graph, no warning.
+    ns["losses"] = [loss.item() for loss in ns["losses"]]
+    cell = cpu_tracker.begin("losses.append(loss.item())")
+    ns["losses"].append((w @ w).sum().item())
+    fake.allocate(4 * MIB)
+    record = cpu_tracker.end(cell, namespace=ns)
+    assert not [warning for warning in record.warnings if warning.kind == "graph"]
+
+
+def test_attribution_failure_is_a_note_not_an_exception(fake: FakeSource) -> None:
+    def broken(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+        raise RuntimeError("walk failed")
+
+    tracker = CellTracker(Monitor(fake), start_sampler=False, holder_finder=broken)
+    cell = tracker.begin("x", options=CellOptions(attribute=True))
+    fake.allocate(GIB)
+    record = tracker.end(cell, namespace={})
+    assert record.variables == ()
+    assert record.variables_note == "variable attribution failed: RuntimeError: walk failed"
+
+
+class _Box:
+    """A plain object whose contents change without its name being rebound."""
+
+    def __init__(self) -> None:
+        self.cache: list[Any] = []
+
+
+def test_auto_mode_walks_only_changed_names_unless_growth_is_unexplained(
+    cpu_tracker: CellTracker, fake: FakeSource
+) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {f"v{i}": torch.zeros(10) for i in range(50)}
+    ns["box"] = _Box()
+    fake.allocate(MIB)  # a device in use: attribution only runs then
+
+    def auto_cell(body: Any, grow_bytes: int) -> Any:
+        cell = cpu_tracker.begin("cell", options=CellOptions(attribute=True))
+        body()
+        fake.allocate(grow_bytes)
+        return cpu_tracker.end(cell, namespace=ns)
+
+    auto_cell(lambda: None, 0)
+    assert cpu_tracker.walks == {"full": 1, "changed names": 0}
+
+    record = auto_cell(lambda: ns.update(x=torch.zeros(1000)), 4000)
+    assert cpu_tracker.walks == {"full": 1, "changed names": 1}
+    assert [v.name for v in record.variables] == ["x"]
+
+    ns["v3"].resize_(2000)  # grows in place: same object, so not a changed name
+    record = auto_cell(lambda: ns.update(y=torch.zeros(5)), 8 * MIB)
+    assert cpu_tracker.walks == {"full": 2, "changed names": 2}  # 20 bytes cannot explain 8 MiB: walk all
+    assert [v.name for v in record.variables] == ["v3", "y"]
+
+    record = auto_cell(lambda: ns["box"].cache.append(torch.zeros(250_000)), 0)
+    assert [v.name for v in record.variables] == []  # not seen: nothing grew that needed explaining
+    record = auto_cell(lambda: ns.pop("x"), 2 * MIB)
+    assert cpu_tracker.walks["full"] == 3
+    assert [(v.name, v.grown_bytes) for v in record.variables] == [("box", 1_000_000)]
+
+
+def test_output_cache_entries_are_reported_as_hidden(cpu_tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {}
+    fake.allocate(MIB)
+    cell = cpu_tracker.begin("first", options=CellOptions(attribute=True))
+    cpu_tracker.end(cell, namespace=ns)
+    cell = cpu_tracker.begin("torch.ones(1000)", options=CellOptions(attribute=True))
+    value = torch.ones(1000)
+    fake.allocate(4000)
+    record = cpu_tracker.end(cell, namespace=ns, hidden={"Out[2]": value})
+    (variable,) = record.variables
+    assert variable.name == "Out[2]" and variable.hidden and variable.nbytes == 4000
+    assert any(w.kind == "output-cache" and "Out[2]" in w.message for w in record.warnings)

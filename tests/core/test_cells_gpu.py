@@ -1,0 +1,218 @@
+"""%%gpumem and automatic mode on a real CUDA GPU, with real torch, NVML and the real holders walk."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+from gpumem.core.cells import CellRecord, DeviceChange
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.ipython import extension as _extension
+
+pytestmark = pytest.mark.gpu
+
+GIB = 1 << 30
+MIB = 1 << 20
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture
+def gpu(ip: Any) -> Iterator[Any]:
+    torch = pytest.importorskip("torch")
+    ip.user_ns["torch"] = torch
+    assert ip.run_cell("torch.zeros(1, device='cuda:0'); torch.cuda.synchronize(0)").success
+    gc.collect()
+    torch.cuda.empty_cache()
+    set_default_monitor(Monitor())
+    assert ip.run_cell("%load_ext gpumem").success
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+        ip.reset(new_session=False)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def last() -> CellRecord:
+    state = _extension.get_state()
+    assert state is not None
+    return state.tracker.history[-1]
+
+
+def device0(record: CellRecord) -> DeviceChange:
+    return next(change for change in record.devices if change.device == 0)
+
+
+def test_one_gib_exactly(gpu: Any) -> None:
+    result, cap = run_cell_capture(gpu, "%%gpumem\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')")
+    assert result.success
+    record = last()
+    change = device0(record)
+    assert change.allocated_delta_bytes == GIB
+    assert change.peak_exact and change.peak_above_start_bytes == GIB
+    assert change.reserved_delta_bytes >= GIB
+    assert change.used_delta_bytes is not None  # NVML on a real GPU
+    assert abs(change.used_delta_bytes - change.reserved_delta_bytes) < 64 * MIB
+    assert [(v.name, v.nbytes) for v in record.variables] == [("x", GIB)]
+    html = cap.outputs[-1].data["text/html"]
+    assert "cuda:0" in html and "+1.0 GiB" in html
+
+
+def test_transient_two_gib_is_the_peak_with_no_delta(gpu: Any) -> None:
+    cell = "%%gpumem\ny = torch.empty(2 << 30, dtype=torch.uint8, device='cuda:0')\ny.fill_(1)\ndel y"
+    assert run_cell_capture(gpu, cell)[0].success
+    change = device0(last())
+    assert change.allocated_delta_bytes == 0
+    assert change.peak_exact and change.peak_above_start_bytes == 2 * GIB
+
+
+def test_leak_warning_when_a_cell_appends_cuda_tensors(gpu: Any) -> None:
+    gpu.user_ns["cache"] = []
+    assert gpu.run_cell("%gpumem auto on").success
+    cell = "cache.append(torch.empty(64 << 20, dtype=torch.uint8, device='cuda:0'))"
+    outputs = [run_cell_capture(gpu, cell)[1].outputs for _ in range(3)]
+    (line,) = [output.data["text/plain"] for output in outputs[2]]
+    assert "possible leak on re-run" in line and "64.0 MiB" in line
+    leak = [w for w in last().warnings if w.kind == "leak"]
+    assert leak and "(+64.0 MiB, +64.0 MiB, +64.0 MiB)" in leak[0].message
+
+
+def test_graph_warning_on_appending_the_loss(gpu: Any) -> None:
+    setup = "w = torch.randn(1024, 1024, device='cuda:0', requires_grad=True)\nlosses = []"
+    assert gpu.run_cell(setup).success
+    result, cap = run_cell_capture(gpu, "%%gpumem\nloss = (w @ w).relu().sum()\nlosses.append(loss)")
+    assert result.success
+    graph = [w for w in last().warnings if w.kind == "graph"]
+    assert graph and "`losses[0]`" in graph[0].message and ".item()" in graph[0].message
+    assert ".detach()" in cap.outputs[-1].data["text/html"]
+    # In automatic mode too, on the next run of the same cell.
+    assert gpu.run_cell("%gpumem auto on").success
+    _result, cap = run_cell_capture(gpu, "loss = (w @ w).relu().sum()\nlosses.append(loss)")
+    assert any(w.kind == "graph" and "losses[1]" in w.message for w in last().warnings)
+    assert any("autograd graph" in output.data["text/plain"] for output in cap.outputs)
+    # With .item() nothing is kept alive.
+    assert gpu.run_cell("losses = [l.item() for l in losses]\ndel loss").success
+    assert run_cell_capture(gpu, "%%gpumem\nlosses.append((w @ w).relu().sum().item())")[0].success
+    assert not [w for w in last().warnings if w.kind == "graph"]
+
+
+def test_keep_peaks_leaves_the_users_counter_and_default_resets_it(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    assert gpu.run_cell("t = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0'); del t").success
+    user_peak = torch.cuda.max_memory_allocated(0)
+    assert run_cell_capture(gpu, "%%gpumem --keep-peaks\ns = torch.ones(10, device='cuda:0')")[0].success
+    assert torch.cuda.max_memory_allocated(0) == user_peak
+    change = device0(last())
+    assert not change.peak_exact and "lower bound" in change.peak_note
+    assert run_cell_capture(gpu, "%%gpumem\ns2 = torch.ones(10, device='cuda:0')")[0].success
+    assert torch.cuda.max_memory_allocated(0) < user_peak  # the documented cost of exact peaks
+    assert device0(last()).peak_exact
+
+
+def test_reset_inside_the_cell_is_reported(gpu: Any) -> None:
+    assert gpu.run_cell("big = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')").success
+    cell = "%%gpumem\ndel big\ntorch.cuda.reset_peak_memory_stats(0)\nsmall = torch.ones(1 << 20, device='cuda:0')"
+    result, cap = run_cell_capture(gpu, cell)
+    assert result.success
+    change = device0(last())
+    assert not change.peak_exact
+    assert change.peak_allocated_bytes >= change.allocated_before_bytes
+    assert "peak counter was reset inside the cell" in cap.outputs[-1].data["text/html"]
+
+
+def test_reset_after_an_unsampled_spike_is_reported(gpu: Any) -> None:
+    assert gpu.run_cell("base = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')").success
+    cell = (
+        "%%gpumem\n"
+        "spike = torch.empty(4 << 30, dtype=torch.uint8, device='cuda:0'); del spike\n"
+        "torch.cuda.reset_peak_memory_stats(0)\n"
+        "more = torch.empty(2 << 30, dtype=torch.uint8, device='cuda:0')"
+    )
+    assert run_cell_capture(gpu, cell)[0].success
+    change = device0(last())
+    assert not change.peak_exact and "reset inside the cell" in change.peak_note
+    assert change.peak_above_start_bytes >= 2 * GIB  # a lower bound; the true peak was 4 GiB above start
+
+
+def test_measure_nested_in_a_measured_cell_keeps_the_cells_peak_exact(gpu: Any) -> None:
+    """A gpumem.measure block inside a %%gpumem cell leaves the counters alone: both records are true."""
+    cell = (
+        "%%gpumem\n"
+        "import gpumem\n"
+        "spike = torch.empty(2 << 30, dtype=torch.uint8, device='cuda:0'); del spike\n"
+        "with gpumem.measure('inner') as inner:\n"
+        "    kept = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')\n"
+    )
+    assert run_cell_capture(gpu, cell)[0].success
+    outer = device0(last())
+    assert outer.peak_exact and outer.peak_above_start_bytes == 2 * GIB and outer.allocated_delta_bytes == GIB
+    inner = gpu.user_ns["inner"].record
+    assert inner.keep_peaks and device0(inner).allocated_delta_bytes == GIB
+    torch = gpu.user_ns["torch"]
+    assert torch._C._cuda_resetPeakMemoryStats.__name__ != "counting_reset"  # unwrapped between cells
+
+
+def test_a_device_past_the_last_is_refused(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    missing = torch.cuda.device_count()
+    result, cap = run_cell_capture(gpu, f"%%gpumem -d {missing}\nran = True")
+    assert "no such device" in cap.stderr and "ran" not in gpu.user_ns
+    assert not result.success
+
+
+def test_out_of_memory_is_recorded(gpu: Any) -> None:
+    result, _cap = run_cell_capture(gpu, "%%gpumem\nhuge = torch.empty(1 << 50, dtype=torch.uint8, device='cuda:0')")
+    assert not result.success
+    record = last()
+    assert record.status == "out of memory" and record.error is not None
+    assert record.error.startswith("OutOfMemoryError")
+
+
+_FRESH = r"""
+import json, sys
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "gpumem")
+ip.run_line_magic("gpumem", "auto on")
+assert ip.run_cell("import torch\nx = 1").success
+assert ip.run_cell("%%gpumem\ny = 2").success
+initialized_before = torch.cuda.is_initialized()
+assert ip.run_cell("%%gpumem\nz = torch.ones(256 << 20, dtype=torch.uint8, device='cuda:0')").success
+from gpumem.ipython import extension as _extension
+record = _extension.get_state().tracker.history[-1]
+change = [c for c in record.devices if c.device == 0][0]
+print(json.dumps({
+    "initialized_before": initialized_before,
+    "initialized_in_cell": change.initialized_in_cell,
+    "allocated_delta": change.allocated_delta_bytes,
+    "peak_exact": change.peak_exact,
+    "peak_above_start": change.peak_above_start_bytes,
+    "used_delta": change.used_delta_bytes,
+    "reserved_delta": change.reserved_delta_bytes,
+}))
+"""
+
+
+def test_cuda_first_used_inside_the_cell_and_never_by_the_extension() -> None:
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["initialized_before"] is False  # measuring cells never created a CUDA context
+    assert data["initialized_in_cell"] is True
+    assert data["allocated_delta"] == 256 * MIB
+    assert data["peak_exact"] and data["peak_above_start"] == 256 * MIB
+    assert data["used_delta"] is not None and data["used_delta"] > data["reserved_delta"]  # + the new context

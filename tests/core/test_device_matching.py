@@ -1,0 +1,145 @@
+"""NVML devices matched to CUDA indices under CUDA_VISIBLE_DEVICES and by UUID, with a scripted NVML.
+
+The real-GPU checks are in test_core_gpu.py; a machine with one GPU cannot reorder devices, so the
+N-device paths are driven here through a stand-in ``pynvml`` module with the library's call shapes.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, NamedTuple
+
+import pytest
+
+from gpumem.core.sources import NvmlSource, SystemSource
+
+
+class _Memory(NamedTuple):
+    total: int
+    used: int
+    free: int
+
+
+class _Pci(NamedTuple):
+    busId: str
+
+
+class _Process(NamedTuple):
+    pid: int
+    usedGpuMemory: int | None
+
+
+GIB = 1 << 30
+
+
+def _fake_nvml(devices: list[dict[str, Any]]) -> types.ModuleType:
+    module = types.ModuleType("pynvml")
+    module.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    module.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
+    module.nvmlDeviceGetHandleByIndex = lambda i: devices[i]  # type: ignore[attr-defined]
+    module.nvmlDeviceGetUUID = lambda h: h["uuid"]  # type: ignore[attr-defined]
+    module.nvmlDeviceGetName = lambda h: h["name"]  # type: ignore[attr-defined]
+    module.nvmlDeviceGetPciInfo = lambda h: _Pci(h["bus"])  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = lambda h: _Memory(h["total"], h["used"], h["total"] - h["used"])  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMigMode = lambda h: (h.get("mig", 0), 0)  # type: ignore[attr-defined]
+    module.nvmlDeviceGetComputeRunningProcesses = lambda h: h.get("processes", [])  # type: ignore[attr-defined]
+    return module
+
+
+DEVICES = [
+    {"uuid": "GPU-aaaa1111-0000", "name": b"GPU A", "bus": "00000000:1A:00.0", "total": 80 * GIB, "used": 1 * GIB},
+    {"uuid": "GPU-bbbb2222-0000", "name": b"GPU B", "bus": "00000000:3B:00.0", "total": 40 * GIB, "used": 7 * GIB},
+]
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    module = _fake_nvml([dict(d) for d in DEVICES])
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    return module
+
+
+def _mapping(source: NvmlSource) -> dict[int, str]:
+    return {device: source.info(device).name for device in source.devices()}  # type: ignore[union-attr]
+
+
+def test_all_devices_in_nvml_order_without_the_variable(nvml, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    source = NvmlSource()
+    assert _mapping(source) == {0: "GPU A", 1: "GPU B"}
+    reading = source.read(1)
+    assert reading is not None and reading.used_bytes == 7 * GIB and reading.total_bytes == 40 * GIB
+
+
+def test_reordered_indices(nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    source = NvmlSource()
+    assert _mapping(source) == {0: "GPU B", 1: "GPU A"}
+    assert source.info(0).nvml_index == 1  # type: ignore[union-attr]
+    assert source.read(0).total_bytes == 40 * GIB  # type: ignore[union-attr]
+
+
+def test_uuid_prefixes_and_a_hidden_device(nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb")
+    source = NvmlSource()
+    assert _mapping(source) == {0: "GPU B"}
+    assert source.unavailable_reason() is None
+
+
+def test_cuda_stops_at_the_first_invalid_entry(nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,7,0")
+    assert _mapping(NvmlSource()) == {0: "GPU B"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-nope,0")
+    source = NvmlSource()
+    assert _mapping(source) == {}
+    assert source.unavailable_reason() == "no NVIDIA GPU is visible to this process"
+
+
+def test_mig_is_said_unsupported(nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-1234")
+    source = NvmlSource()
+    assert source.devices() == ()
+    assert "MIG" in (source.unavailable_reason() or "")
+
+
+def test_torch_uuids_override_the_environment_order(nvml, monkeypatch):
+    """With CUDA_DEVICE_ORDER=FASTEST_FIRST the CUDA order can differ from NVML's: torch's UUIDs decide."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    class Props(NamedTuple):
+        name: str
+        uuid: str
+        total_memory: int
+
+    class TorchStandIn:
+        def devices(self) -> tuple[int, ...]:
+            return (0, 1)
+
+        def device_properties(self, device: int) -> Props:
+            # CUDA's device 0 is NVML's device 1 and vice versa.
+            return [Props("GPU B", "bbbb2222-0000", 40 * GIB), Props("GPU A", "aaaa1111-0000", 80 * GIB)][device]
+
+    source = NvmlSource()
+    assert _mapping(source) == {0: "GPU A", 1: "GPU B"}
+    source.refine_with_torch(TorchStandIn())  # type: ignore[arg-type]
+    assert _mapping(source) == {0: "GPU B", 1: "GPU A"}
+
+
+def test_this_process_share_is_found_by_pid(nvml, monkeypatch):
+    import os
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml.nvmlDeviceGetHandleByIndex(0)["processes"] = [_Process(os.getpid(), 3 * GIB), _Process(1, 5 * GIB)]
+    source = NvmlSource()
+    assert source.read(0, process_memory=True).process_used_bytes == 3 * GIB  # type: ignore[union-attr]
+    assert source.read(1, process_memory=True).process_used_bytes == 0  # type: ignore[union-attr]
+    assert source.process_on_device(0) is True and source.process_on_device(1) is False
+
+
+def test_system_snapshot_reports_every_visible_device(nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    snapshot = SystemSource().snapshot()
+    assert [(d.device, d.total_bytes) for d in snapshot.devices] == [(0, 40 * GIB), (1, 80 * GIB)]
+    assert snapshot.allocator == ()

@@ -1,0 +1,142 @@
+"""gpumem.measure: the per-cell report for a block of a script."""
+
+from __future__ import annotations
+
+import pytest
+
+import gpumem
+from gpumem.core.monitor import Monitor, default_monitor, set_default_monitor
+from gpumem.testing import GIB, MIB, FakeSource
+
+
+@pytest.fixture
+def fake() -> FakeSource:
+    source = FakeSource()
+    previous = set_default_monitor(Monitor(source))
+    yield source
+    set_default_monitor(previous)
+
+
+def test_a_block_is_measured_like_a_cell(fake: FakeSource) -> None:
+    kept = fake.allocate(GIB)
+    with gpumem.measure("epoch 1") as m:
+        fake.allocate(256 * MIB)
+        fake.transient(2 * GIB)
+    record = m.record
+    assert record is not None
+    change = record.devices[0]
+    assert change.allocated_delta_bytes == 256 * MIB
+    assert change.peak_above_start_bytes == 2 * GIB + 256 * MIB
+    assert record.status == "ok"
+    assert "epoch 1" in repr(m.report)
+    assert gpumem.measured()[-1] is record
+    fake.free(kept)
+
+
+def test_an_exception_is_recorded_and_still_raised(fake: FakeSource) -> None:
+    with pytest.raises(ZeroDivisionError), gpumem.measure("bad block") as m:
+        1 / 0  # noqa: B018
+    assert m.record is not None and m.record.status == "error"
+
+
+def test_sampling_runs_only_inside_the_block(fake: FakeSource) -> None:
+    with gpumem.measure("block"):
+        assert default_monitor().running
+    assert not default_monitor().running
+
+
+def test_bad_labels_are_refused() -> None:
+    with pytest.raises(ValueError, match="label"):
+        gpumem.measure("")
+    with pytest.raises(RuntimeError, match="not finished"):
+        _ = gpumem.measure("x").report
+
+
+def test_nested_blocks_each_get_one_true_record(fake: FakeSource) -> None:
+    before = len(gpumem.measured())
+    with gpumem.measure("outer") as outer:
+        fake.transient(4 * GIB)
+        with gpumem.measure("inner") as inner:
+            assert default_monitor().running
+            kept = fake.allocate(GIB)
+        assert default_monitor().running  # the inner block's end leaves the outer one sampled
+    records = gpumem.measured()[before:]
+    assert [(r.first_line, r.status) for r in records] == [("inner", "ok"), ("outer", "ok")]
+    assert outer.record is records[1] and inner.record is records[0]
+    outer_change, inner_change = outer.record.devices[0], inner.record.devices[0]
+    # The inner block did not reset the counters, so the outer peak is still exact; the inner one says
+    # it kept them.
+    assert outer_change.peak_exact and outer_change.peak_above_start_bytes == 4 * GIB
+    assert inner.record.keep_peaks and inner_change.allocated_delta_bytes == GIB
+    assert not default_monitor().running
+    fake.free(kept)
+
+
+def test_blocks_on_several_threads_do_not_end_each_other(fake: FakeSource) -> None:
+    import threading
+
+    before = len(gpumem.measured())
+    started = threading.Barrier(3)
+
+    def work(index: int) -> None:
+        with gpumem.measure(f"thread {index}"):
+            started.wait(timeout=10)
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    records = gpumem.measured()[before:]
+    assert sorted(r.first_line for r in records) == ["thread 0", "thread 1", "thread 2"]
+    assert {r.status for r in records} == {"ok"}
+
+
+def test_a_block_cannot_be_entered_twice(fake: FakeSource) -> None:
+    block = gpumem.measure("twice")
+    assert "not started" in repr(block)
+    with pytest.raises(RuntimeError, match="already being measured"), block, block:
+        pass
+    assert block.record is not None and block.record.status == "error"
+
+
+def test_bad_devices_and_namespaces_name_the_parameter() -> None:
+    with pytest.raises(TypeError, match=r"measure\(devices=\.\.\.\)"):
+        gpumem.measure("x", devices=["a"])
+    with pytest.raises(ValueError, match=r"measure\(devices=\.\.\.\)"):
+        gpumem.measure("x", devices=[-1])
+    with pytest.raises(TypeError, match=r"measure\(namespace=\.\.\.\)"):
+        gpumem.measure("x", namespace=5)  # type: ignore[arg-type]
+    assert gpumem.measure("x", devices=1).options.devices == (1,)
+
+
+def test_the_reset_counter_is_one_wrapper_whatever_the_trackers(
+    fake: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extension's tracker and measure()'s alternate in a notebook; the wrapper must not stack."""
+    import sys
+    import types
+
+    from gpumem.core.cells import CellTracker
+
+    calls: list[int] = []
+    torch_c = types.SimpleNamespace(_cuda_resetPeakMemoryStats=lambda device: calls.append(device))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(_C=torch_c))
+    original = torch_c._cuda_resetPeakMemoryStats
+    cells = CellTracker(default_monitor(), start_sampler=False)
+    for _ in range(50):
+        cell = cells.begin("cell")  # automatic mode measures a cell ...
+        with gpumem.measure("block"):  # ... that measures a block
+            pass
+        cells.end(cell)
+    cell = cells.begin("cell")
+    with gpumem.measure("block"):
+        wrapper = torch_c._cuda_resetPeakMemoryStats
+        assert wrapper is not original
+        assert any(slot.cell_contents is original for slot in wrapper.__closure__ or ())  # wraps torch's own
+        wrapper(0)
+        assert calls == [0]
+    assert torch_c._cuda_resetPeakMemoryStats is wrapper  # the cell still runs
+    cells.end(cell)
+    assert torch_c._cuda_resetPeakMemoryStats is original  # nothing is measured: torch's own function again
+    cells.close()

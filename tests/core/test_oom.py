@@ -1,0 +1,227 @@
+"""The out-of-memory assistant: a real torch.OutOfMemoryError in a real IPython shell; figures from a fake source."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+
+torch = pytest.importorskip("torch")
+
+from gpumem.core import oom  # noqa: E402
+from gpumem.testing import FakeSource  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+TORCH2_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which "
+    "13.40 GiB is free. Including non-PyTorch memory, this process has 65.70 GiB memory in use. Of the "
+    "allocated memory 44.50 GiB is allocated by PyTorch, and 21.00 GiB is reserved by PyTorch but unallocated. "
+    "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+    "to avoid fragmentation.  See documentation for Memory Management"
+)
+TORCH1_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 MiB (GPU 1; 15.78 GiB total capacity; 14.56 GiB already "
+    "allocated; 1.44 MiB free; 14.70 GiB reserved in total by PyTorch)"
+)
+NOT_FRAGMENTED = (
+    "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which "
+    "1.00 GiB is free. Of the allocated memory 77.00 GiB is allocated by PyTorch, and 100.00 MiB is reserved "
+    "by PyTorch but unallocated."
+)
+
+
+@pytest.fixture
+def installed(ip: Any) -> Iterator[tuple[Any, FakeSource]]:
+    source = FakeSource()
+    oom.install(ip, source=source, holder_device="cpu")
+    try:
+        yield ip, source
+    finally:
+        oom.uninstall(ip)
+
+
+def outputs_text(captured: Any) -> str:
+    return "\n".join(output.data.get("text/plain", "") for output in captured.outputs)
+
+
+def outputs_html(captured: Any) -> str:
+    return "\n".join(output.data.get("text/html", "") for output in captured.outputs)
+
+
+def test_parse_torch2_message() -> None:
+    figures = oom.parse_oom_message(TORCH2_MESSAGE)
+    assert figures.device == 0
+    assert figures.requested_bytes == 20 * GIB
+    assert figures.device_total_bytes == int(79.11 * GIB)
+    assert figures.device_free_bytes == int(13.40 * GIB)
+    assert figures.process_bytes == int(65.70 * GIB)
+    assert figures.allocated_bytes == int(44.50 * GIB)
+    assert figures.reserved_unallocated_bytes == 21 * GIB
+
+
+def test_parse_torch1_message() -> None:
+    figures = oom.parse_oom_message(TORCH1_MESSAGE)
+    assert figures.device == 1
+    assert figures.requested_bytes == 2 * MIB
+    assert figures.device_total_bytes == int(15.78 * GIB)
+    assert figures.device_free_bytes == int(1.44 * MIB)
+    assert figures.allocated_bytes == int(14.56 * GIB)
+    assert figures.reserved_unallocated_bytes == int(14.70 * GIB) - int(14.56 * GIB)
+
+
+def test_parse_unrelated_message_gives_nothing() -> None:
+    assert all(value is None for value in oom.parse_oom_message("something else"))
+
+
+def test_find_oom_error_by_class_message_and_chain() -> None:
+    direct = torch.OutOfMemoryError(TORCH2_MESSAGE)
+    assert oom.find_oom_error(direct) is direct
+    legacy = RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
+    assert oom.find_oom_error(legacy) is legacy
+    try:
+        try:
+            raise direct
+        except torch.OutOfMemoryError as inner:
+            raise ValueError("training failed") from inner
+    except ValueError as outer:
+        assert oom.find_oom_error(outer) is direct
+    assert oom.find_oom_error(ValueError("no")) is None
+    assert oom.find_oom_error(None) is None
+
+
+def test_explained_beneath_the_error_and_the_kernel_stays_usable(installed: Any) -> None:
+    ip, source = installed
+    source.allocate(44 * GIB)
+    run_cell_capture(ip, "import torch, weakref\nholder = torch.zeros(100_000)")
+    run_cell_capture(ip, "torch.zeros(50_000)")
+    failed, captured = run_cell_capture(
+        ip,
+        "def step():\n"
+        "    activations = torch.zeros(200_000)\n"
+        "    refs.append(weakref.ref(activations))\n"
+        f"    raise torch.OutOfMemoryError({TORCH2_MESSAGE!r})\n"
+        "refs = []\n"
+        "step()",
+    )
+    assert isinstance(failed.error_in_exec, torch.OutOfMemoryError)
+    text = outputs_text(captured)
+    assert "gpumem: CUDA out of memory on cuda:0" in text
+    assert "requested 20.0 GiB; free on the device 13.4 GiB of 79.1 GiB" in text
+    assert "allocated 44.5 GiB, reserved but unallocated 21.0 GiB (fragmentation)" in text
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
+    assert re.search(r"top holders:\n\s+holder\s+Tensor\s+390\.6 KiB", text)
+    hidden_rows = r"held by IPython .*\n\s+last exception \(OutOfMemoryError\)\s+OutOfMemoryError\s+781\.2 KiB"
+    assert re.search(hidden_rows, text)
+    assert re.search(r"Out\[\d+\]\s+Tensor\s+195\.3 KiB", text)
+    assert "IPython itself holds 976.6 KiB" in text
+    assert "%gpumem free --deep" in text
+    assert "<code>%gpumem free --deep</code>" in outputs_html(captured)
+    after, captured_after = run_cell_capture(ip, "1 + 1")
+    assert after.success and after.result == 2
+    assert "gpumem" not in outputs_text(captured_after)
+    from gpumem.core.cleanup import free
+
+    free(deep=True, shell=ip, source=source)
+    assert ip.user_ns["refs"][0]() is None
+
+
+def test_observer_figures_win_over_the_message(installed: Any) -> None:
+    ip, _ = installed
+    _, captured = run_cell_capture(
+        ip,
+        "import torch\n"
+        "from gpumem.core import oom\n"
+        f"oom._observer(0, {3 * GIB}, {80 * GIB}, {1 * GIB})\n"
+        "raise torch.OutOfMemoryError('CUDA out of memory.')",
+    )
+    text = outputs_text(captured)
+    assert "requested 3.0 GiB; free on the device 1.0 GiB of 80.0 GiB" in text
+
+
+def test_observation_from_an_earlier_cell_is_not_used(installed: Any) -> None:
+    ip, _ = installed
+    run_cell_capture(ip, f"from gpumem.core import oom\noom._observer(0, {3 * GIB}, {80 * GIB}, {1 * GIB})")
+    _, captured = run_cell_capture(ip, f"import torch\nraise torch.OutOfMemoryError({NOT_FRAGMENTED!r})")
+    text = outputs_text(captured)
+    assert "requested 8.0 GiB" in text
+    assert "fragmentation" not in text.lower()
+
+
+def test_request_larger_than_the_device() -> None:
+    error = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 37252.90 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
+        "139.00 GiB is free. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved "
+        "by PyTorch but unallocated."
+    )
+    report = oom.explain(error, source=FakeSource())
+    assert any("larger than the whole device" in item for item in report.advice)
+    assert not any("returns what is freed" in item for item in report.advice)
+    assert not report.fragmentation
+
+
+def test_figures_missing_from_the_message_come_from_the_source() -> None:
+    source = FakeSource()
+    handle = source.allocate(3 * GIB)
+    source.free(handle)
+    source.allocate(1 * GIB)
+    report = oom.explain(RuntimeError("CUDA out of memory. Tried to allocate 1.50 GiB (GPU 0)"), source=source)
+    assert report.allocated_bytes == 1 * GIB
+    assert report.reserved_unallocated_bytes == 2 * GIB
+    assert report.fragmentation
+    assert report.device_free_bytes is None
+    assert "free on the device n/a" in oom.render_text(report)
+
+
+def test_other_errors_show_nothing(installed: Any) -> None:
+    ip, _ = installed
+    _, captured = run_cell_capture(ip, "raise ValueError('not memory')")
+    assert "gpumem" not in outputs_text(captured)
+
+
+def test_a_failing_explanation_never_breaks_the_cell(installed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ip, _ = installed
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("internal")
+
+    monkeypatch.setattr(oom, "explain", broken)
+    failed, captured = run_cell_capture(ip, f"import torch\nraise torch.OutOfMemoryError({TORCH2_MESSAGE!r})")
+    assert isinstance(failed.error_in_exec, torch.OutOfMemoryError)
+    assert "gpumem: could not explain the out-of-memory error (RuntimeError: internal)" in captured.stdout
+    assert run_cell_capture(ip, "2 + 2")[0].result == 4
+
+
+def test_uninstall_removes_the_hooks_and_silences_the_observer(ip: Any) -> None:
+    oom.install(ip, source=FakeSource())
+    oom.install(ip, source=FakeSource())  # idempotent
+    assert ip.events.callbacks["post_run_cell"].count(oom._post_run_cell) == 1
+    oom.uninstall(ip)
+    assert oom._post_run_cell not in ip.events.callbacks["post_run_cell"]
+    assert oom._pre_run_cell not in ip.events.callbacks["pre_run_cell"]
+    oom._observer(0, 1, 2, 3)
+    assert oom._state.last_observation is None
+    _, captured = run_cell_capture(ip, f"import torch\nraise torch.OutOfMemoryError({TORCH2_MESSAGE!r})")
+    assert "gpumem" not in outputs_text(captured)
+    oom.uninstall(ip)  # twice is fine
+
+
+def test_no_dangling_then_and_no_row_of_n_a() -> None:
+    """Free memory short of the request, but nothing named holds it: no lone "Then ..." step."""
+    message = (
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+        "1.50 GiB is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 10.00 MiB is reserved "
+        "by PyTorch but unallocated."
+    )
+    report = oom.explain(torch.OutOfMemoryError(message), source=FakeSource())
+    assert not any(item.startswith("Then") for item in report.advice)
+    assert oom.render_text(report).count("%gpumem free --deep") == 1
+    bare = oom.explain(torch.OutOfMemoryError("CUDA out of memory."), source=FakeSource(cuda_initialized=False))
+    text = oom.render_text(bare)
+    assert "n/a" not in text and "the error states no sizes" in text
+    assert "n/a" not in oom.render_html(bare)

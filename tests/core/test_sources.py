@@ -1,0 +1,117 @@
+import os
+import sys
+
+import pytest
+
+from gpumem.core.sources import (
+    HostSource,
+    NvmlSource,
+    SystemSource,
+    TorchAllocatorSource,
+    _normal_bus_id,
+    parse_visible_devices,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", []),
+        ("0", ["0"]),
+        ("1,0", ["1", "0"]),
+        (" 2 , 3 ", ["2", "3"]),
+        ("0,-1,1", ["0"]),
+        ("0,foo,1", ["0"]),
+        ("GPU-abc123,1", ["GPU-abc123", "1"]),
+        ("MIG-xyz", ["MIG-xyz"]),
+    ],
+)
+def test_visible_devices_parsed_like_cuda(value, expected):
+    assert parse_visible_devices(value) == expected
+
+
+def test_bus_ids_compare_across_nvml_and_torch_spelling():
+    assert _normal_bus_id("00000000:1A:00.0") == "0:1a:0"
+    assert _normal_bus_id("0000:1a:00.0") == "0:1a:0"
+
+
+def test_host_source_reads_this_process():
+    reading = HostSource().read()
+    assert reading is not None
+    assert 10 * 2**20 < reading.rss_bytes < reading.total_bytes
+    assert reading.peak_rss_bytes >= reading.rss_bytes
+    assert 0 < reading.available_bytes <= reading.total_bytes
+
+
+def test_host_rss_follows_a_real_allocation():
+    numpy = pytest.importorskip("numpy")
+    source = HostSource()
+    before = source.read()
+    block = numpy.ones(128 * 2**20, dtype=numpy.uint8)
+    after = source.read()
+    assert before is not None and after is not None
+    grown = after.rss_bytes - before.rss_bytes
+    assert 0.9 * block.nbytes < grown < 1.2 * block.nbytes
+
+
+def test_torch_source_says_why_it_is_unavailable_without_touching_cuda(monkeypatch):
+    source = TorchAllocatorSource()
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert source.unavailable_reason() == "torch is not imported in this process"
+    assert source.devices() == ()
+
+
+def test_torch_source_on_a_cpu_build_explains_itself():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this check is for machines without CUDA")
+    reason = TorchAllocatorSource().unavailable_reason()
+    assert reason is not None
+    assert "CUDA" in reason
+    assert TorchAllocatorSource().devices() == ()
+    assert not torch.cuda.is_initialized()
+
+
+def test_nvml_without_driver_gives_a_reason_not_an_error():
+    nvml = NvmlSource()
+    reason = nvml.unavailable_reason()
+    if reason is None:
+        pytest.skip("an NVIDIA driver is present")
+    assert "NVML" in reason or "GPU" in reason or "nvidia-ml-py" in reason
+    assert nvml.devices() == ()
+    assert nvml.read(0) is None
+
+
+def test_system_snapshot_without_gpu_has_host_and_reasons():
+    source = SystemSource()
+    snapshot = source.snapshot()
+    assert snapshot.host is not None
+    status = source.status()
+    assert set(status) == {"torch", "nvml", "host"}
+    assert status["host"] == "ok"
+    for name in ("torch", "nvml"):
+        assert status[name] == "ok" or status[name].startswith("unavailable: ")
+    if not snapshot.allocator:
+        assert status["torch"].startswith("unavailable: ")
+
+
+def test_nvml_source_resets_itself_in_a_forked_child():
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    nvml = NvmlSource()
+    nvml.unavailable_reason()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = nvml._pid == os.getpid() or (nvml.unavailable_reason() is not None or nvml.devices() is not None)
+            ok = ok and nvml._pid == os.getpid()
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+    assert status == 0

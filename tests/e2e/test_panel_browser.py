@@ -1,0 +1,236 @@
+"""The live panel in a real JupyterLab, driven through Debian's chromium.
+
+What a person would check: the panel renders, its curve rises in the SVG when a cell allocates a
+large host array, Free reclaims it and says so, the curve keeps moving and Free works while a long
+cell is still running, and nothing is sent once the panel's output is cleared.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from _harness import (
+    JupyterServer,
+    artifacts_path,
+    cell_outputs_text,
+    open_notebook,
+    run_cell,
+    save_screenshot,
+    wait_for_cell_done,
+    wait_for_output,
+)
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Locator, Page
+
+pytestmark = pytest.mark.browser
+
+PANEL = ".gpumem-panel"
+HOST_GREEN = "rgb(22, 163, 74)"
+GIB = 1 << 30
+
+_LINES_JS = """(selector) => {
+    const panel = document.querySelector(selector);
+    if (!panel) return [];
+    return [...panel.querySelectorAll('path.line')].map(p => {
+        const box = p.getBoundingClientRect();
+        return {d: p.getAttribute('d') || '', stroke: getComputedStyle(p).stroke,
+                visible: box.width > 0 && box.height >= 0 && getComputedStyle(p).display !== 'none'};
+    });
+}"""
+
+_PLOT_HEIGHT_JS = """(selector) => {
+    const panel = document.querySelector(selector);
+    const rect = panel && panel.querySelector('rect.plotarea_background, .plotarea_background');
+    if (rect) return rect.getBoundingClientRect().height;
+    const svg = panel && panel.querySelector('svg');
+    return svg ? svg.getBoundingClientRect().height : 0;
+}"""
+
+
+_SVG_TEXT_JS = """(selector) => {
+    const panel = document.querySelector(selector);
+    return panel ? [...panel.querySelectorAll('svg text')].map(t => t.textContent).join(' ') : '';
+}"""
+
+
+def _points(d: str) -> list[tuple[float, float]]:
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", d)]
+    return list(zip(numbers[0::2], numbers[1::2], strict=False))
+
+
+def _host_line(page: Page) -> list[tuple[float, float]]:
+    """Points (SVG pixels, y down) of the host RSS curve, or [] while it is not drawn."""
+    for line in page.evaluate(_LINES_JS, PANEL):
+        if line["stroke"] == HOST_GREEN and line["d"]:
+            return _points(line["d"])
+    return []
+
+
+def _rise_px(points: list[tuple[float, float]]) -> float:
+    """How far the newest point sits above the oldest one (pixels; SVG y grows downwards)."""
+    return points[0][1] - points[-1][1] if len(points) >= 2 else 0.0
+
+
+def _wait_for(predicate: Any, timeout_s: float, what: str, page: Page) -> Any:
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    save_screenshot(page, f"panel_wait_{re.sub(r'[^a-z]+', '_', what.lower())}")
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {value!r})")
+
+
+def _message(page: Page) -> str:
+    return str(page.locator(f"{PANEL} .gm-msg").first.inner_text())
+
+
+class _WidgetTraffic:
+    """Bytes of widget state updates the browser receives on the kernel websocket."""
+
+    def __init__(self, page: Page) -> None:
+        self.frames: list[tuple[float, int]] = []
+        page.on("websocket", self._attach)
+
+    def _attach(self, ws: Any) -> None:
+        if "/api/kernels/" in ws.url:
+            ws.on("framereceived", self._frame)
+
+    def _frame(self, payload: str | bytes) -> None:
+        data = payload.encode() if isinstance(payload, str) else payload
+        if b'"comm_msg"' in data and b'"update"' in data:
+            self.frames.append((time.monotonic(), len(data)))
+
+    def bytes_between(self, start: float, end: float) -> int:
+        return sum(size for at, size in self.frames if start <= at <= end)
+
+
+def _prompt_running(cell: Locator) -> bool:
+    return "*" in str(cell.locator(".jp-InputPrompt").first.inner_text())
+
+
+def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) -> None:
+    page = browser_page
+    traffic = _WidgetTraffic(page)
+    jupyter_server.make_notebook("panel.ipynb", [""])
+    open_notebook(page, jupyter_server, "panel.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    panel_cell = run_cell(page, "%gpumem monitor --window 1min")
+    page.locator(PANEL).first.wait_for(state="visible")
+    _wait_for(lambda: len(_host_line(page)) >= 4, 30, "the host RSS curve", page)
+    header = page.locator(f"{PANEL} .gm-header").first
+    assert "No CUDA device is in use" in header.inner_text()
+    assert "process RSS" in header.inner_text()
+
+    # The kernel knows a view is shown (the front end reports it); the panel sends only then.
+    views = run_cell(page, "import gpumem.panel.sidebar as gw\nprint('views', gw.open_panels()[0]._view_count)")
+    wait_for_output(views, re.compile(r"views [1-9]"))
+    time.sleep(2.0)  # let a few pushes happen before measuring the resting curve
+    before = _host_line(page)
+    plot_height = float(page.evaluate(_PLOT_HEIGHT_JS, PANEL))
+    assert plot_height > 100, "the plot area did not get a height"
+    assert abs(_rise_px(before)) < 0.2 * plot_height, f"curve not flat before allocating: {before[:3]}…{before[-3:]}"
+
+    # 1 GiB of host memory, held only by a reference cycle: alive until a collection runs. Automatic
+    # collection is switched off so that the cycle waits for Free, as an old cycle does in practice.
+    run_cell(
+        page,
+        "import gc, numpy as np\ngc.disable()\nclass Box: pass\n"
+        "box = Box(); box.me = box; box.data = np.ones(1 << 27)\ndel box",
+    )
+    risen = _wait_for(
+        lambda: (p := _host_line(page)) and _rise_px(p) > 0.4 * plot_height and p,
+        30,
+        "the curve to rise after allocating 1 GiB",
+        page,
+    )
+    assert "GiB" in header.inner_text()
+    # A measured cell puts a marker labelled with its execution count on the plot.
+    measured = run_cell(page, "%%gpumem\nsmall = np.zeros(1000)")
+    count = re.search(r"\[\s*(\d+)\s*\]", str(measured.locator(".jp-InputPrompt").first.inner_text()))
+    assert count is not None
+    _wait_for(lambda: f"[{count.group(1)}]" in page.evaluate(_SVG_TEXT_JS, PANEL), 20, "the cell marker", page)
+    page.locator(PANEL).first.scroll_into_view_if_needed()
+    save_screenshot(page, "panel_jupyterlab_allocated")
+
+    page.locator(f"{PANEL} button", has_text="Free").first.click()
+    message = _wait_for(lambda: (m := _message(page)).startswith("Freed") and m, 30, "Free's message", page)
+    match = re.search(r"host RSS (-[\d.]+) (GiB|MiB)", message)
+    assert match is not None, message
+    freed = float(match.group(1)) * (GIB if match.group(2) == "GiB" else 1 << 20)
+    assert freed <= -0.8 * GIB, f"Free did not reclaim the 1 GiB cycle: {message}"
+    assert re.match(r"Freed [\d.]+ (GiB|MiB) of host memory", message), message
+    _wait_for(lambda: _rise_px(_host_line(page)) < 0.5 * _rise_px(risen), 30, "the curve to fall after Free", page)
+    page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "panel_jupyterlab.png"))
+    save_screenshot(page, "panel_jupyterlab_freed")
+
+    # A long cell: the curve keeps moving while it runs, and Free runs concurrently without harm.
+    loop = run_cell(
+        page,
+        "import time\nkeep = []\nfor step in range(60):\n"
+        "    keep.append(np.ones(1 << 21))\n    time.sleep(0.1)\nprint('loop done', len(keep))",
+        wait=False,
+    )
+    _wait_for(lambda: _prompt_running(loop), 20, "the long cell to start", page)
+    first = _host_line(page)
+    moved = _wait_for(lambda: _prompt_running(loop) and (p := _host_line(page)) != first and p, 15,
+                      "the curve to move during the cell", page)  # fmt: skip
+    assert moved and _prompt_running(loop)
+    page.locator(f"{PANEL} button", has_text="Free").first.click()
+    _wait_for(lambda: "Freeing" in _message(page) or (_message(page).startswith("Freed") and _message(page) != message),
+              15, "Free to run during the cell", page)  # fmt: skip
+    during = _wait_for(lambda: (m := _message(page)).startswith("Freed") and m != message and m, 30,
+                       "Free's message during the cell", page)  # fmt: skip
+    still_running = _prompt_running(loop)
+    wait_for_cell_done(loop, timeout=60)
+    assert "loop done 60" in cell_outputs_text(loop)
+    assert still_running, f"the long cell ended before Free answered ({during}); the test proves nothing"
+
+    # Traffic while shown, then none once the panel's output is cleared (no view left).
+    page.wait_for_timeout(500)  # Playwright delivers websocket events only while it is called
+    shown_start = time.monotonic()
+    page.wait_for_timeout(6000)
+    shown_bytes = traffic.bytes_between(shown_start, time.monotonic())
+    panel_cell.locator(".jp-InputPrompt").first.click()
+    page.keyboard.press("Escape")
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-cell-output')")
+    _wait_for(lambda: page.locator(PANEL).count() == 0, 15, "the panel output to clear", page)
+    views = run_cell(page, "print('views', gw.open_panels()[0]._view_count)")
+    wait_for_output(views, "views 0")
+    page.wait_for_timeout(500)
+    hidden_start = time.monotonic()
+    page.wait_for_timeout(6000)
+    hidden_bytes = traffic.bytes_between(hidden_start, time.monotonic())
+    (artifacts_path() / "panel_browser_traffic.json").write_text(
+        json.dumps(
+            {
+                "widget_update_bytes_per_s_shown": round(shown_bytes / 6.0),
+                "widget_update_bytes_per_s_hidden": round(hidden_bytes / 6.0),
+                "window": "1min",
+            },
+            indent=1,
+        )
+    )
+    assert shown_bytes > 0, "no widget updates were seen while the panel was shown"
+    assert hidden_bytes == 0, f"{hidden_bytes} bytes of widget updates were sent with no view shown"
+
+
+def test_panel_in_notebook7(notebook_server: JupyterServer, browser_page: Page) -> None:
+    page = browser_page
+    notebook_server.make_notebook("panel_nb7.ipynb", [""])
+    open_notebook(page, notebook_server, "panel_nb7.ipynb")
+    run_cell(page, "import gpumem\ngpumem.Panel(window='1min', host=True)")
+    page.locator(PANEL).first.wait_for(state="visible")
+    _wait_for(lambda: len(_host_line(page)) >= 4, 30, "the host RSS curve in Notebook 7", page)
+    assert "process RSS" in page.locator(f"{PANEL} .gm-header").first.inner_text()
+    page.locator(f"{PANEL} button", has_text="Free").first.click()
+    _wait_for(lambda: _message(page).startswith("Freed"), 30, "Free's message in Notebook 7", page)
+    page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "panel_notebook7.png"))

@@ -1,0 +1,728 @@
+"""The front-end extension (js/) in a real JupyterLab 4 and Notebook 7, driven in Debian's chromium.
+
+Covers: the sidebar docks a live widget and follows its updates, closes and reopens, shows a clear
+message (not a dead view) after a kernel restart, reconnects when run again, names the right notebook
+with two open, and the status bar shows the active kernel's memory. Plus packaging: the extension is
+listed by ``jupyter labextension list`` and shipped in the wheel.
+
+The labextension is taken from the environment when gpumem is pip-installed (``make test`` does an
+editable install, which builds it); otherwise ``src/gpumem/labextension`` is built with npm if needed
+and linked into the test's Jupyter data directory, as ``jupyter labextension develop`` would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from _harness import (
+    REPO_ROOT,
+    JupyterEnv,
+    JupyterServer,
+    open_notebook,
+    run_cell,
+    save_screenshot,
+    wait_for_kernel_idle,
+    wait_for_output,
+)
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Locator, Page
+
+browser = pytest.mark.browser
+
+JS_DIR = REPO_ROOT / "js"
+BUILT = REPO_ROOT / "src" / "gpumem" / "labextension"
+SIDEBAR = "#gpumem-sidebar"
+STATUS_ITEM = ".gpumem-StatusItem"
+NOTE = "GPU memory panel docked in the right sidebar"
+
+# A widget that changes by itself: a Label ticking from a thread, docked through the public helper.
+TICKER_CELL = """\
+import threading, time
+import ipywidgets as widgets
+from gpumem.panel import frontend as _frontend
+_frontend.register_status_target()
+ticker = widgets.Label('{name} 0')
+def _tick(label=ticker):
+    i = 0
+    while True:
+        i += 1
+        label.value = f'{name} {{i}}'
+        time.sleep(0.25)
+threading.Thread(target=_tick, daemon=True).start()
+_frontend.set_sidebar_factory(lambda: ticker)
+_frontend.show_sidebar(ticker)
+"""
+
+
+def _installed_labextension() -> Path | None:
+    """The labextension installed in this environment's data files (pip install / -e)."""
+    path = Path(sysconfig.get_path("data")) / "share" / "jupyter" / "labextensions" / "gpumem"
+    return path if (path / "package.json").is_file() else None
+
+
+def _newest_mtime(*roots: Path) -> float:
+    return max(
+        (p.stat().st_mtime for root in roots if root.exists() for p in root.rglob("*") if p.is_file()), default=0.0
+    )
+
+
+def _build_is_stale() -> bool:
+    if not (BUILT / "package.json").is_file():
+        return True
+    sources = _newest_mtime(JS_DIR / "src", JS_DIR / "style")
+    return sources > _newest_mtime(BUILT)
+
+
+def _build_labextension() -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        if (BUILT / "package.json").is_file():
+            return  # stale maybe, but usable
+        pytest.skip("the labextension is not built and npm is not available to build it")
+    if not (JS_DIR / "node_modules").is_dir():
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, check=True, timeout=600)
+    subprocess.run([npm, "run", "build"], cwd=JS_DIR, check=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def labextension(jupyter_env: JupyterEnv) -> Path:
+    """Make the servers of this session load the labextension built from this checkout.
+
+    It is linked into the test's Jupyter data directory, which comes first in the labextension
+    search path, so an older copy installed in the environment (an editable install copies the
+    files) cannot shadow what is being tested. Built with npm first when missing or older than js/.
+    """
+    if _build_is_stale():
+        _build_labextension()
+    link = jupyter_env.data_dir / "labextensions" / "gpumem"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists():
+        link.symlink_to(BUILT, target_is_directory=True)
+    return link
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def sidebar(page: Page) -> Locator:
+    return page.locator(SIDEBAR)
+
+
+def sidebar_label_text(page: Page) -> str:
+    label = sidebar(page).locator(".widget-label")
+    label.first.wait_for(state="visible")
+    return label.first.inner_text()
+
+
+def wait_label_changes(page: Page, prefix: str, timeout: float = 30) -> tuple[str, str]:
+    """The docked Label shows ``prefix N`` and N changes: the view is live."""
+    first = sidebar_label_text(page)
+    assert first.startswith(prefix), first
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = sidebar_label_text(page)
+        if now != first:
+            assert now.startswith(prefix), now
+            return first, now
+        time.sleep(0.2)
+    raise AssertionError(f"the docked widget did not update in {timeout}s (stuck at {first!r})")
+
+
+def wait_sidebar_text(page: Page, text: str | re.Pattern[str], timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        loc = sidebar(page)
+        seen = loc.inner_text() if loc.count() else ""
+        if text.search(seen) if isinstance(text, re.Pattern) else text in seen:
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"sidebar never showed {text!r}; it shows {seen!r}")
+
+
+def wait_status_text(page: Page, pattern: re.Pattern[str], timeout: float = 30) -> str:
+    item = page.locator(STATUS_ITEM)
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = item.inner_text() if item.count() and item.first.is_visible() else ""
+        if pattern.search(seen):
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"status bar item never matched {pattern.pattern!r}; it shows {seen!r}")
+
+
+def run_palette_command(page: Page, label: str) -> None:
+    """Run a command through the command palette UI."""
+    page.keyboard.press("Control+Shift+C")
+    search = page.locator(".lm-CommandPalette-input").first
+    search.wait_for(state="visible")
+    search.fill(label)
+    page.locator(".lm-CommandPalette-item", has_text=label).first.click()
+
+
+def restart_kernel(page: Page) -> None:
+    """Restart through the menu (Kernel > Restart Kernel…) and accept the dialog."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Kernel$")).first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Restart Kernel…?$")).first.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.locator("button.jp-mod-accept").first.click()
+    dialog.wait_for(state="detached")
+
+
+def open_second_notebook(page: Page, path: str) -> None:
+    page.evaluate("path => window.jupyterapp.commands.execute('docmanager:open', {path})", path)
+    page.locator(".lm-TabBar-tab.lm-mod-current", has_text=path).first.wait_for()
+    wait_for_kernel_idle(page)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel side (gpumem.panel.frontend) with fake comms: fast, no browser
+# --------------------------------------------------------------------------------------------
+
+
+class FakeComm:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.sent: list[dict[str, Any]] = []
+        self.closed = False
+        self._on_msg: Any = None
+        self._on_close: Any = None
+
+    def send(self, data: dict[str, Any]) -> None:
+        if self.closed:
+            raise RuntimeError("closed")
+        self.sent.append(data)
+
+    def on_msg(self, callback: Any) -> None:
+        self._on_msg = callback
+
+    def on_close(self, callback: Any) -> None:
+        self._on_close = callback
+
+    def close(self) -> None:
+        self.closed = True
+
+    # What the kernel's comm manager does on messages from the front end.
+    def receive(self, data: dict[str, Any]) -> None:
+        self._on_msg({"content": {"data": data}})
+
+    def receive_close(self) -> None:
+        self.closed = True
+        self._on_close({"content": {"data": {}}})
+
+
+class FakeManager:
+    def __init__(self) -> None:
+        self.targets: dict[str, Any] = {}
+
+    def register_target(self, name: str, handler: Any) -> None:
+        self.targets[name] = handler
+
+    def unregister_target(self, name: str, handler: Any) -> None:
+        assert self.targets.pop(name) is handler
+
+    def open_from_frontend(self, data: dict[str, Any] | None = None) -> FakeComm:
+        comm = FakeComm()
+        self.targets["gpumem.status"](comm, {"content": {"data": data or {"request": "snapshot"}}})
+        return comm
+
+
+class FakeShell:
+    def __init__(self) -> None:
+        self.kernel = SimpleNamespace(comm_manager=FakeManager())
+
+
+@pytest.fixture
+def frontend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from gpumem.panel import frontend as _frontend
+
+    announced: list[FakeComm] = []
+
+    def create_comm(**kwargs: Any) -> FakeComm:
+        comm = FakeComm(**kwargs)
+        announced.append(comm)
+        return comm
+
+    import comm as comm_module
+
+    monkeypatch.setattr(comm_module, "create_comm", create_comm)
+    monkeypatch.setattr(_frontend, "PUBLISH_INTERVAL_S", 0.05)
+    _frontend.announced = announced  # type: ignore[attr-defined]
+    try:
+        yield _frontend
+    finally:
+        _frontend.unregister_status_target()
+        _frontend.set_sidebar_factory(None)
+        _frontend.set_status_provider(None)
+        del _frontend.announced  # type: ignore[attr-defined]
+
+
+def test_sidebar_bundle_shape() -> None:
+    from gpumem.panel.frontend import INLINE_NOTE, sidebar_bundle
+
+    bundle = sidebar_bundle("abc", "wrap")
+    assert bundle["application/vnd.gpumem.sidebar+json"] == {"model_id": "abc"}
+    assert bundle["application/vnd.jupyter.widget-view+json"] == {
+        "model_id": "wrap",
+        "version_major": 2,
+        "version_minor": 0,
+    }
+    assert bundle["text/plain"] == INLINE_NOTE
+    assert "not present" in INLINE_NOTE
+
+
+def test_show_sidebar_displays_one_output(ip: Any) -> None:
+    import ipywidgets
+    from IPython.utils.capture import capture_output
+
+    from gpumem.panel import frontend as _frontend
+    from gpumem.panel.frontend import show_sidebar
+
+    panel = ipywidgets.Label("panel")
+    with capture_output() as captured:
+        show_sidebar(panel)
+        first = _frontend._inline_wrappers[panel.model_id]
+        show_sidebar(panel, note="why it is inline")
+    assert len(captured.outputs) == 2
+    data = captured.outputs[-1].data
+    assert data["application/vnd.gpumem.sidebar+json"] == {"model_id": panel.model_id}
+    wrapper = _frontend._inline_wrappers[panel.model_id]
+    assert data["application/vnd.jupyter.widget-view+json"]["model_id"] == wrapper.model_id
+    assert wrapper.children[1] is panel and "why it is inline" in wrapper.children[0].value
+    # The first inline wrapper was closed, the panel was not.
+    assert first.comm is None and first is not wrapper
+    assert panel.comm is not None
+    with pytest.raises(TypeError):
+        show_sidebar(object())
+
+
+def test_status_target_without_kernel_does_nothing(frontend: Any) -> None:
+    assert frontend.register_status_target(SimpleNamespace()) is False
+    assert frontend.publish_status({"devices": [], "host": {}, "cuda_in_use": False}) == 0
+
+
+def test_status_comm_protocol(frontend: Any) -> None:
+    shell = FakeShell()
+    manager = shell.kernel.comm_manager
+    assert frontend.register_status_target(shell) is True
+    assert "gpumem.status" in manager.targets
+
+    # The announce comm carries a payload and is not published to until the front end speaks.
+    (announce,) = frontend.announced
+    assert announce.kwargs["target_name"] == "gpumem.status"
+    assert set(announce.kwargs["data"]) == {"devices", "host", "cuda_in_use"}
+    payload = {"devices": [], "host": {"rss_bytes": 1}, "cuda_in_use": False}
+    assert frontend.publish_status(payload) == 0
+
+    # A front-end-opened comm gets a snapshot at once and then every published payload.
+    comm = manager.open_from_frontend()
+    assert comm.sent and comm.sent[0]["cuda_in_use"] is False
+    assert isinstance(comm.sent[0]["host"]["rss_bytes"], int)
+    assert frontend.publish_status(payload) == 1
+    assert comm.sent[-1] == payload
+    announce.receive({"request": "snapshot"})
+    assert frontend.open_status_comms() == 2
+    assert frontend.publish_status(payload) == 2
+
+    # Sidebar requests: an error without a factory, the widget's model id with one.
+    comm.receive({"request": "sidebar"})
+    assert "sidebar_error" in comm.sent[-1]
+    frontend.set_sidebar_factory(lambda: SimpleNamespace(model_id="m1"))
+    comm.receive({"request": "sidebar"})
+    assert comm.sent[-1] == {"sidebar_model_id": "m1"}
+    frontend.set_sidebar_factory(lambda: 1 / 0)
+    comm.receive({"request": "sidebar"})
+    assert "ZeroDivisionError" in comm.sent[-1]["sidebar_error"]
+
+    # Closed comms are dropped; unregister closes the rest and removes the target.
+    comm.receive_close()
+    assert frontend.publish_status(payload) == 1
+    frontend.unregister_status_target()
+    assert announce.closed
+    assert "gpumem.status" not in manager.targets
+    assert frontend.publish_status(payload) == 0
+
+
+def test_comms_of_pages_that_went_away_are_dropped(frontend: Any) -> None:
+    shell = FakeShell()
+    frontend.register_status_target(shell)
+    manager = shell.kernel.comm_manager
+    (beacon,) = frontend.announced
+    beacon.receive({"request": "snapshot"})  # adopted by a first page
+    gone, alive = manager.open_from_frontend(), manager.open_from_frontend()
+    payload = {"devices": [], "host": {"rss_bytes": 1}, "cuda_in_use": False}
+    assert frontend.publish_status(payload) == 3
+    # All silent for long: nothing is dropped (the kernel may just be busy).
+    for entry in frontend._comms.values():
+        entry.last_seen -= 10 * frontend.STALE_COMM_S
+    assert frontend.publish_status(payload) == 3
+    # One keeps sending keepalives, the others stay silent: the front-end comm is closed, the
+    # beacon stays open (for comm_info) but is no longer published to.
+    alive.receive({"request": "keepalive"})
+    assert frontend.publish_status(payload) == 1
+    assert gone.closed and not alive.closed and not beacon.closed
+    assert frontend.open_status_comms() == 1
+    assert len(frontend._comms) == 2
+
+
+def test_publisher_thread_runs_only_while_a_comm_listens(frontend: Any) -> None:
+    calls: list[float] = []
+
+    def provider() -> dict[str, Any]:
+        calls.append(time.monotonic())
+        return {"devices": [], "host": {"rss_bytes": len(calls)}, "cuda_in_use": False}
+
+    frontend.set_status_provider(provider)
+    shell = FakeShell()
+    frontend.register_status_target(shell)
+    time.sleep(0.3)
+    assert len(calls) == 1, "only the announce payload while nobody listens"
+    comm = shell.kernel.comm_manager.open_from_frontend()
+    deadline = time.monotonic() + 5
+    while len(comm.sent) < 4:
+        assert time.monotonic() < deadline, comm.sent
+        time.sleep(0.02)
+    # Someone else publishing: the default publisher stays quiet.
+    for _ in range(10):
+        frontend.publish_status({"devices": [], "host": {"rss_bytes": -1}, "cuda_in_use": False})
+        time.sleep(0.03)
+    assert all(m["host"]["rss_bytes"] == -1 for m in comm.sent[-5:])
+    comm.receive_close()
+    time.sleep(0.3)
+    thread = frontend._publisher
+    assert thread is None or not thread.is_alive()
+
+
+def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumem.panel import frontend as _frontend
+
+    class NotInitialized:
+        def is_initialized(self) -> bool:
+            return False
+
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"torch.cuda.{name} called before CUDA was initialized")
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=NotInitialized()))
+    payload = _frontend.default_status_payload()
+    assert payload["cuda_in_use"] is False and payload["devices"] == []
+    assert payload["host"]["rss_bytes"] > 0
+
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True,
+        device_count=lambda: 2,
+        memory_allocated=lambda i: 100 + i,
+        memory_reserved=lambda i: 200 + i,
+        get_device_properties=lambda i: SimpleNamespace(name=f"Fake {i}", total_memory=1000),
+    )
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(_frontend, "_device_cache", {})
+    payload = _frontend.default_status_payload()
+    assert payload["cuda_in_use"] is True
+    assert payload["devices"][1] == {
+        "index": 1,
+        "name": "Fake 1",
+        "allocated_bytes": 101,
+        "reserved_bytes": 201,
+        "total_bytes": 1000,
+    }
+
+
+def test_frontend_module_imports_nothing_heavy() -> None:
+    code = (
+        "import sys; import gpumem.panel.frontend; "
+        "heavy = [m for m in ('torch', 'ipywidgets', 'psutil', 'IPython', 'bqplot') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Packaging
+# --------------------------------------------------------------------------------------------
+
+
+def test_labextension_list_shows_gpumem_enabled() -> None:
+    if _installed_labextension() is None:
+        pytest.skip("gpumem is not pip-installed in this environment (make test installs it)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jupyter", "labextension", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = next((ln for ln in out.splitlines() if re.match(r"\s*gpumem\b", ln)), None)
+    assert line is not None, out
+    assert "enabled" in line and "OK" in line, line
+
+
+def test_wheel_ships_the_labextension(tmp_path: Path) -> None:
+    """``pip wheel`` puts the prebuilt extension and install.json in the wheel's data files."""
+    src = tmp_path / "src-tree"
+    src.mkdir()
+    for name in ("pyproject.toml", "LICENSE", "README.md", ".gitignore"):
+        if (REPO_ROOT / name).exists():
+            shutil.copy2(REPO_ROOT / name, src / name)
+    if not (src / "README.md").exists():
+        (src / "README.md").write_text("# gpumem\n")
+    shutil.copytree(REPO_ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(JS_DIR, src / "js", ignore=shutil.ignore_patterns("node_modules", "lib", "*.tsbuildinfo"))
+    if not (src / "src" / "gpumem" / "labextension" / "package.json").is_file():
+        pytest.skip("src/gpumem/labextension is not built (a fresh build runs npm; make test builds it)")
+    dist = tmp_path / "dist"
+    # The prebuilt extension is reused (skip-if-exists). Without build isolation when this
+    # environment has the build backend (a few seconds), else pip makes one (a minute, needs PyPI).
+    import importlib.util
+
+    backend = all(importlib.util.find_spec(m) for m in ("hatchling", "hatch_jupyter_builder"))
+    isolation = ["--no-build-isolation"] if backend else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", *isolation, "-w", str(dist)],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (wheel,) = dist.glob("gpumem-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    prefix = next(n.split("/data/")[0] for n in names if ".data/data/" in n) + "/data/"
+    ext = prefix + "share/jupyter/labextensions/gpumem/"
+    assert ext + "package.json" in names
+    assert ext + "install.json" in names
+    static = [n for n in names if n.startswith(ext + "static/") and n.endswith(".js")]
+    assert any("remoteEntry." in n for n in static), static
+    meta = json.loads(zipfile.ZipFile(wheel).read(ext + "package.json"))
+    assert meta["name"] == "gpumem"
+    assert meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
+    install = json.loads(zipfile.ZipFile(wheel).read(ext + "install.json"))
+    assert install["packageName"] == "gpumem"
+
+
+# --------------------------------------------------------------------------------------------
+# JupyterLab 4
+# --------------------------------------------------------------------------------------------
+
+
+@browser
+def test_lab_sidebar_lifecycle(
+    labextension: Path, jupyter_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
+) -> None:
+    page = browser_page
+    jupyter_server.make_notebook("train.ipynb", [""])
+    jupyter_server.make_notebook("other.ipynb", [""])
+    open_notebook(page, jupyter_server, "train.ipynb")
+
+    # Dock: a note in the cell, the live widget in the sidebar, titled after the notebook.
+    cell = run_cell(page, TICKER_CELL.format(name="train"))
+    wait_for_output(cell, NOTE)
+    sidebar(page).wait_for(state="visible")
+    wait_sidebar_text(page, "GPU memory · train.ipynb")
+    wait_label_changes(page, "train")
+    assert cell.locator(".widget-label").count() == 0, "the panel must not also render inline"
+    save_screenshot(page, f"{request.node.name}.docked")
+
+    # Status bar: this kernel's figures (no GPU in CI: host RSS).
+    status = wait_status_text(page, re.compile(r"^(RAM [\d.]+ [MG]iB \(no GPU in use\)|GPU [\d.]+ / [\d.]+ GiB)"))
+    assert status
+
+    # Close with the sidebar's own button, reopen from the command palette: the view is live again.
+    sidebar(page).locator(".gpumem-Sidebar-close").click()
+    sidebar(page).wait_for(state="detached")
+    run_palette_command(page, "GPU memory: show sidebar")
+    sidebar(page).wait_for(state="visible")
+    wait_label_changes(page, "train")
+
+    # Close again and reopen from the status-bar item.
+    sidebar(page).locator(".gpumem-Sidebar-close").click()
+    sidebar(page).wait_for(state="detached")
+    page.locator(STATUS_ITEM).click()
+    sidebar(page).wait_for(state="visible")
+    wait_label_changes(page, "train")
+
+    # Restart: a clear message instead of a dead widget, and the status item goes away.
+    restart_kernel(page)
+    wait_sidebar_text(page, "The kernel of train.ipynb restarted; run %gpumem sidebar again to reconnect")
+    assert sidebar(page).locator(".widget-label").count() == 0
+    page.locator(STATUS_ITEM).wait_for(state="hidden")
+    save_screenshot(page, f"{request.node.name}.restarted")
+    wait_for_kernel_idle(page)
+
+    # Run again: reconnects.
+    cell = run_cell(page, TICKER_CELL.format(name="train"), index=0)
+    wait_for_output(cell, NOTE)
+    wait_label_changes(page, "train")
+    assert "restarted" not in sidebar(page).inner_text()
+
+    # A second notebook: its panel takes the sidebar, and the title names it.
+    open_second_notebook(page, "other.ipynb")
+    cell2 = run_cell(page, TICKER_CELL.format(name="other"))
+    wait_for_output(cell2, NOTE)
+    wait_sidebar_text(page, "GPU memory · other.ipynb")
+    wait_label_changes(page, "other")
+    tab = page.locator(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
+    assert tab.get_attribute("title") == "GPU memory · other.ipynb"
+    save_screenshot(page, f"{request.node.name}.other")
+
+    # Back to train.ipynb: its status item click asks its kernel for a panel (sidebar factory).
+    page.locator(".lm-TabBar-tab", has_text="train.ipynb").first.click()
+    wait_status_text(page, re.compile(r"RAM|GPU"))
+    page.locator(STATUS_ITEM).click()
+    wait_sidebar_text(page, "GPU memory · train.ipynb")
+    wait_label_changes(page, "train")
+    save_screenshot(page, f"{request.node.name}.back")
+
+    # Closing the notebook leaves a message, not its widget.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="train.ipynb").wait_for(state="detached")
+    page.evaluate("() => window.jupyterapp.commands.execute('application:close')")
+    wait_sidebar_text(page, "train.ipynb was closed")
+    assert sidebar(page).locator(".widget-label").count() == 0
+
+
+_LINES_JS = """() => [...document.querySelectorAll('#gpumem-sidebar path.line')]
+    .map(p => p.getAttribute('d') || '').join('|')"""
+
+
+@browser
+def test_lab_magic_sidebar_and_reload(
+    labextension: Path, jupyter_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
+) -> None:
+    """``%gpumem sidebar`` docks the real panel; after a page reload the status bar reconnects and
+    its click docks the kernel's panel again."""
+    page = browser_page
+    jupyter_server.make_notebook("magic.ipynb", [""])
+    open_notebook(page, jupyter_server, "magic.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    cell = run_cell(page, "%gpumem sidebar --host")
+    wait_for_output(cell, NOTE)
+    sidebar(page).locator(".gpumem-panel").wait_for(state="visible")
+    wait_sidebar_text(page, "GPU memory · magic.ipynb")
+    first = page.evaluate(_LINES_JS)
+    deadline = time.monotonic() + 30
+    while page.evaluate(_LINES_JS) in ("", first):
+        assert time.monotonic() < deadline, "the docked panel's curves did not move"
+        time.sleep(0.25)
+    wait_status_text(page, re.compile(r"RAM|GPU"))
+    save_screenshot(page, f"{request.node.name}.docked")
+
+    # Save (the output is signed, so it is trusted when it comes back) and reload: the kernel lives on.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="magic.ipynb").wait_for(state="detached")
+    # Reload: the kernel lives on. The restored note does not dock by itself; the status item
+    # reconnects (the kernel already has gpumem.status comms) and its click asks for the panel.
+    page.reload(wait_until="domcontentloaded")
+    wait_for_kernel_idle(page)
+    page.locator(".gpumem-SidebarNote").first.wait_for(state="visible")
+    assert "earlier run" in page.locator(".gpumem-SidebarNote").first.inner_text()
+    wait_status_text(page, re.compile(r"RAM|GPU"))
+    page.locator(STATUS_ITEM).click()
+    sidebar(page).locator(".gpumem-panel").wait_for(state="visible")
+    wait_sidebar_text(page, "GPU memory · magic.ipynb")
+    save_screenshot(page, f"{request.node.name}.reloaded")
+
+
+@browser
+def test_lab_restored_output_does_not_dock_a_dead_widget(
+    labextension: Path, jupyter_server: JupyterServer, browser_page: Page
+) -> None:
+    """A saved ``%gpumem sidebar`` output of an earlier kernel only offers a button."""
+    page = browser_page
+    bundle = {
+        "application/vnd.gpumem.sidebar+json": {"model_id": "0123456789abcdef"},
+        "application/vnd.jupyter.widget-view+json": {
+            "model_id": "0123456789abcdef",
+            "version_major": 2,
+            "version_minor": 0,
+        },
+        "text/plain": "GPU memory panel (inline fallback)",
+    }
+    import nbformat
+    from nbformat import v4
+
+    path = jupyter_server.make_notebook("restored.ipynb", [])
+    nb = nbformat.read(str(path), as_version=4)
+    output = v4.new_output("display_data", data=bundle)
+    nb.cells.append(v4.new_code_cell("%gpumem sidebar", execution_count=1, outputs=[output]))
+    nbformat.write(nb, str(path))
+    # Trusted, as if the user ran it here before (an untrusted output falls back to text/plain).
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "trust", str(path)],
+        env=jupyter_server.env.env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    open_notebook(page, jupyter_server, "restored.ipynb")
+    note = page.locator(".gpumem-SidebarNote")
+    note.wait_for(state="visible")
+    assert "earlier run" in note.inner_text()
+    page.wait_for_timeout(1000)
+    assert sidebar(page).count() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 7
+# --------------------------------------------------------------------------------------------
+
+
+@browser
+def test_notebook7_sidebar(
+    labextension: Path, notebook_server: JupyterServer, browser_page: Page, request: pytest.FixtureRequest
+) -> None:
+    page = browser_page
+    notebook_server.make_notebook("nb7.ipynb", [""])
+    open_notebook(page, notebook_server, "nb7.ipynb")
+    cell = run_cell(page, TICKER_CELL.format(name="nb7"))
+    wait_for_output(cell, NOTE)
+    sidebar(page).wait_for(state="visible")
+    wait_sidebar_text(page, "GPU memory · nb7.ipynb")
+    wait_label_changes(page, "nb7")
+    save_screenshot(page, f"{request.node.name}.docked")
+
+    sidebar(page).locator(".gpumem-Sidebar-close").click()
+    sidebar(page).wait_for(state="detached")
+    # The note's button reopens it.
+    cell.locator(".gpumem-SidebarNote-button").click()
+    sidebar(page).wait_for(state="visible")
+    wait_label_changes(page, "nb7")
+    # And the command palette.
+    sidebar(page).locator(".gpumem-Sidebar-close").click()
+    sidebar(page).wait_for(state="detached")
+    run_palette_command(page, "GPU memory: show sidebar")
+    sidebar(page).wait_for(state="visible")
+    wait_label_changes(page, "nb7")
+
+    restart_kernel(page)
+    wait_sidebar_text(page, "The kernel of nb7.ipynb restarted; run %gpumem sidebar again to reconnect")
+    assert sidebar(page).locator(".widget-label").count() == 0
+    save_screenshot(page, f"{request.node.name}.restarted")
+    wait_for_kernel_idle(page)
+    cell = run_cell(page, TICKER_CELL.format(name="nb7"), index=0)
+    wait_for_output(cell, NOTE)
+    wait_label_changes(page, "nb7")
