@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from IPython.core import magic_arguments as _magic_arguments_module
 from IPython.core.error import UsageError
 
-from gpumem.core.cells import CellOptions, describe_devices
+from gpumem.core.cells import CellOptions
+from gpumem.core.devices import describe_devices, parse_cuda_indices
 from gpumem.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -136,14 +137,11 @@ def _cell_usage(line: str, cell: str | None = None) -> None:
 
 
 def parse_devices(text: str) -> tuple[int, ...]:
-    """``'0,1'``, ``'cuda:1'`` -> device indices."""
-    devices: list[int] = []
-    for part in text.replace(" ", "").split(","):
-        name = part.removeprefix("cuda:")
-        if not name.isdigit():
-            raise UsageError(f"--device expects CUDA device indices such as 0 or 0,1 or cuda:1, not {text!r}")
-        devices.append(int(name))
-    return tuple(dict.fromkeys(devices))
+    """``'0,1'``, ``'cuda:1'`` -> device indices (a bad name is a UsageError)."""
+    try:
+        return parse_cuda_indices(text)
+    except ValueError:
+        raise UsageError(f"--device expects CUDA device indices such as 0 or 0,1 or cuda:1, not {text!r}") from None
 
 
 def parse_cell_options(line: str) -> CellRequest:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpumem.core.cleanup import free
-from gpumem.core.holders import DEFAULT_MAX_DEPTH, find_holders, parse_device, render_html, render_text
+from gpumem.core.devices import parse_device
+from gpumem.core.holders import DEFAULT_MAX_DEPTH, find_holders, render_html, render_text
 
 __all__ = ["magic_free", "magic_who"]
 

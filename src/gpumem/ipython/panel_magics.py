@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from IPython.core import magic_arguments as _magic_args
 from IPython.core.error import UsageError
 
-from gpumem.panel.frame import DEFAULT_RATE_HZ, parse_device, parse_rate, parse_threshold, parse_window
+from gpumem.core.devices import parse_cuda_device as parse_device
+from gpumem.panel.frame import DEFAULT_RATE_HZ, parse_rate, parse_threshold, parse_window
 from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ import numpy as np
 
 from gpumem.core.sources import DeviceInfo, Snapshot
 from gpumem.core.timeline import Timeline
+from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.units import format_bytes
 
 __all__ = [
@@ -169,25 +170,6 @@ def parse_rate(value: str | float) -> float:
     if not (math.isfinite(rate) and MIN_RATE_HZ <= rate <= MAX_RATE_HZ):
         raise ValueError(f"rate must be between {MIN_RATE_HZ:g} and {MAX_RATE_HZ:g} updates per second, not {value!r}")
     return rate
-
-
-def parse_device(value: str | int | None) -> int | None:
-    """``0``, ``'1'``, ``'cuda:1'`` -> that index; ``None`` or ``'all'`` -> every device."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        index = value
-    else:
-        text = str(value).strip().lower()
-        if text in ("all", "", "auto"):
-            return None
-        text = text.removeprefix("cuda:").removeprefix("cuda")
-        if not text.isdigit():
-            raise ValueError(f"device must be a CUDA index such as 0 or cuda:1, or all, not {value!r}")
-        index = int(text)
-    if index < 0:
-        raise ValueError(f"device must be a CUDA index (0 or more), not {value!r}")
-    return index
 
 
 # ------------------------------------------------------------------------------------------------

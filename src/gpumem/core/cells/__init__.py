@@ -22,6 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from gpumem.core.devices import describe_devices
 from gpumem.core.monitor import Monitor
 from gpumem.core.sources import AllocatorReading, Snapshot
 from gpumem.core.units import format_bytes, format_delta
@@ -916,15 +917,6 @@ class CellTracker:
         if attribution.note:
             note += f"; {attribution.note}"
         return tuple(changes), note, warnings
-
-
-def describe_devices(indices: Sequence[int]) -> str:
-    """``[0, 1]`` -> ``'2 CUDA devices (cuda:0, cuda:1)'``."""
-    count = len(indices)
-    noun = "CUDA device" if count == 1 else "CUDA devices"
-    if count > 4:
-        return f"{count} {noun} (cuda:{indices[0]} … cuda:{indices[-1]})"
-    return f"{count} {noun} ({', '.join(f'cuda:{i}' for i in indices)})"
 
 
 def _graph_warning(paths: Sequence[str]) -> CellWarning:

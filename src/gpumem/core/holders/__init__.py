@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
+from gpumem.core.devices import parse_device
 from gpumem.core.runtime import cuda_source, ipython_shell
 from gpumem.core.units import format_bytes
 
@@ -124,31 +125,6 @@ class _OutOfTime(Exception):
 # ----------------------------------------------------------------------------------------------
 # Device filter
 # ----------------------------------------------------------------------------------------------
-
-_DEVICE_RE = re.compile(r"^(cuda|cpu|all|mps|xpu)(?::(\d+))?$")
-
-
-def parse_device(device: str | int | None) -> tuple[str | None, int | None]:
-    """``"cuda"`` -> every CUDA device, ``"cuda:1"`` / ``1`` -> one, ``"cpu"``, ``"all"`` -> any but meta."""
-    if device is None:
-        return "cuda", None
-    if isinstance(device, int) and not isinstance(device, bool):
-        if device < 0:
-            raise ValueError(f"device index must be >= 0, got {device}")
-        return "cuda", device
-    text = str(device).strip().lower()
-    if text.isdigit():
-        return "cuda", int(text)
-    match = _DEVICE_RE.match(text)
-    if match is None:
-        raise ValueError(f"unknown device {device!r}: use cuda, cuda:N (or N), cpu or all")
-    kind, index = match.group(1), match.group(2)
-    if kind == "all":
-        if index is not None:
-            raise ValueError(f"unknown device {device!r}: 'all' takes no index")
-        return None, None
-    return kind, int(index) if index is not None else None
-
 
 # ----------------------------------------------------------------------------------------------
 # Types the walk never enters
