@@ -206,7 +206,7 @@ def gpu_scenarios(seconds: float) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--out", type=Path, default=Path())
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--gpu", action="store_true", help="also measure on cuda:0 with a training loop")
     args = parser.parse_args()

@@ -97,7 +97,7 @@ def training_loop_s(steps: int = 600) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--out", type=Path, default=Path())
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

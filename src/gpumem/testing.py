@@ -12,11 +12,9 @@ import time
 from collections.abc import Sequence
 
 from gpumem.core.sources import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
+from gpumem.core.units import GIB, MIB
 
-__all__ = ["FakeSource"]
-
-GIB = 1 << 30
-MIB = 1 << 20
+__all__ = ["GIB", "MIB", "FakeSource"]
 
 
 class _FakeDevice:

@@ -15,10 +15,10 @@ _DEVICE = re.compile(r"(cuda|cpu|all|mps|xpu)(?::([0-9]+))?|([0-9]+)", re.ASCII)
 
 
 class DeviceSpec(NamedTuple):
-    """Which tensors to look at: ``kind`` None means any device; ``index`` None means every index."""
+    """Which tensors to look at: ``kind`` None means any device; ``number`` None means every index."""
 
     kind: str | None
-    index: int | None
+    number: int | None
 
 
 def parse_device(device: str | int | None) -> DeviceSpec:
@@ -76,7 +76,7 @@ def _cuda_spec(text: str) -> int | None:
         spec = parse_device(text)
     except ValueError:
         return None
-    return spec.index if spec.kind == "cuda" else None
+    return spec.number if spec.kind == "cuda" else None
 
 
 def describe_devices(indices: Sequence[int]) -> str:

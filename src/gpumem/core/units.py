@@ -1,8 +1,16 @@
-"""Human-readable byte counts, binary units, with an explicit sign for deltas."""
+"""Byte counts: the unit constants, the one formatter (binary units, signed deltas) and the size parser."""
 
 from __future__ import annotations
 
-__all__ = ["format_bytes", "format_delta"]
+import re
+
+__all__ = ["GIB", "KIB", "MAX_SIZE_BYTES", "MIB", "format_bytes", "format_delta", "parse_size"]
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+MAX_SIZE_BYTES = 1 << 60  # sizes past 1 EiB are typos (and past float range, overflow)
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*", re.ASCII)
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -29,3 +37,17 @@ def format_delta(nbytes: float, precision: int = 1) -> str:
         return "±0 B"
     text = format_bytes(nbytes, precision)
     return text if text.startswith("-") else "+" + text
+
+
+def parse_size(text: str) -> int:
+    """``'64MiB'``, ``'1 GiB'``, ``'500MB'``, ``'1e9'`` -> bytes. K/M/G/T and KiB... are binary, KB... decimal."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"expected a size such as 64MiB, 1GiB or 500MB, not {text!r}")
+    number, prefix, binary, unit = match.groups()
+    power = " KMGT".index(prefix.upper()) if prefix else 0
+    decimal = bool(prefix) and not binary and bool(unit)
+    size = float(number) * (1000 if decimal else 1024) ** power
+    if not size < MAX_SIZE_BYTES:
+        raise ValueError(f"{text.strip()!r} is too large for a memory size (at most 1 EiB)")
+    return int(size)

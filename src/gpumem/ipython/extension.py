@@ -18,11 +18,11 @@ from traitlets.config import Configurable
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord, CellTracker
 from gpumem.core.monitor import Monitor, default_monitor
+from gpumem.core.units import MIB
 from gpumem.ipython import magics
 
 __all__ = ["ExtensionState", "GpuMem", "get_state", "load", "unload"]
 
-MIB = 1 << 20
 
 
 class GpuMem(Configurable):

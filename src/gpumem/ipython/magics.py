@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from IPython.core import magic_arguments as _magic_arguments_module
 from IPython.core.error import UsageError
 
+from gpumem.core import units
 from gpumem.core.cells import CellOptions
 from gpumem.core.devices import describe_devices, parse_cuda_indices
 from gpumem.core.units import format_bytes
@@ -93,7 +94,6 @@ __all__ = [
 ]
 
 DEFAULT_TOP = 5
-MAX_SIZE_BYTES = 1 << 60  # sizes past 1 EiB are typos (and past float range, overflow)
 _HEADER = re.compile(r"%%gpumem(?:[ \t]+(.*?))?[ \t]*\r?\n?\Z")
 
 
@@ -285,17 +285,11 @@ def _cell_header_reached(line: str) -> None:
 
 
 def parse_size(text: str) -> int:
-    """``'64MiB'``, ``'1 GiB'``, ``'500MB'``, ``'1e9'`` -> bytes. K/M/G/T and KiB... are binary, KB... decimal."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*", text)
-    if match is None:
-        raise UsageError(f"expected a size such as 64MiB, 1GiB or 500MB, not {text!r}")
-    number, prefix, binary, unit = match.groups()
-    power = " KMGT".index(prefix.upper()) if prefix else 0
-    decimal = bool(prefix) and not binary and bool(unit)
-    size = float(number) * (1000 if decimal else 1024) ** power
-    if not size < MAX_SIZE_BYTES:
-        raise UsageError(f"{text.strip()!r} is too large for a memory size (at most 1 EiB)")
-    return int(size)
+    """A memory size such as ``64MiB`` (see :func:`gpumem.core.units.parse_size`); bad input is a UsageError."""
+    try:
+        return units.parse_size(text)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _state(shell: Any) -> ExtensionState:

@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.sources import DeviceInfo, Snapshot
 from gpumem.core.timeline import Timeline
-from gpumem.core.devices import parse_cuda_device as parse_device
-from gpumem.core.units import format_bytes
+from gpumem.core.units import GIB, MIB, format_bytes
 
 __all__ = [
     "DEFAULT_BUDGET_BYTES_PER_S",
@@ -51,8 +51,6 @@ __all__ = [
     "window_label",
 ]
 
-GIB = 1 << 30
-MIB = 1 << 20
 
 # The panel's four time windows; None means everything the timeline still holds.
 WINDOW_PRESETS: tuple[tuple[str, float | None], ...] = (

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from gpumem.core.devices import describe_devices
 from gpumem.core.monitor import Monitor
 from gpumem.core.sources import AllocatorReading, Snapshot
-from gpumem.core.units import format_bytes, format_delta
+from gpumem.core.units import MIB, format_bytes, format_delta
 
 __all__ = [
     "STATUSES",
@@ -47,7 +47,6 @@ __all__ = [
     "source_key",
 ]
 
-MIB = 1 << 20
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
