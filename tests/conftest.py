@@ -1,4 +1,4 @@
-"""Suite-wide pytest configuration. The fixtures live in ``tests/_harness.py`` (see its docstring)."""
+"""Suite-wide pytest configuration. The fixtures live in the ``tests/_harness`` package (see its docstring)."""
 
 from __future__ import annotations
 
@@ -15,25 +15,19 @@ for _path in (str(_TESTS.parent / "src"), str(_TESTS)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from _harness import (  # noqa: E402
-    artifacts_dir,
-    browser,
-    browser_page,
-    check_gpu_item,
-    ip,
-    jupyter_env,
-    jupyter_server,
-    notebook_server,
-)
+# Before the first import of the harness: its __init__ imports every module of the package, so
+# pytest must be told up front that they are all plugins (else it warns it cannot rewrite them).
+pytest.register_assert_rewrite("_harness")
 
-__all__ = [
-    "artifacts_dir",
-    "browser",
-    "browser_page",
-    "ip",
-    "jupyter_env",
-    "jupyter_server",
-    "notebook_server",
+from _harness import check_gpu_item  # noqa: E402 - needs tests/ on sys.path, set just above
+
+# The harness modules that define fixtures; pytest imports them after this file (tests/ is on sys.path).
+pytest_plugins = [
+    "_harness.artifacts",
+    "_harness.shell",
+    "_harness.notebooks",
+    "_harness.servers",
+    "_harness.chromium",
 ]
 
 

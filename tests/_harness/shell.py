@@ -1,0 +1,122 @@
+"""The in-process IPython shell that most tests use (the ``ip`` fixture), reset like a fresh kernel."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import CapturedIO
+
+
+_shell_state: dict[str, Any] = {}
+
+
+def _ipython_shell() -> InteractiveShell:
+    """The process-wide ``InteractiveShell`` (created once, with in-memory history, no colours)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    if InteractiveShell.initialized():
+        return InteractiveShell.instance()
+    if "ipythondir" not in _shell_state:
+        _shell_state["ipythondir"] = tempfile.mkdtemp(prefix="gpumem-ipython-")
+        os.environ.setdefault("IPYTHONDIR", _shell_state["ipythondir"])
+    cfg = Config()
+    cfg.HistoryManager.hist_file = ":memory:"
+    cfg.InteractiveShell.colors = "nocolor"
+    shell: InteractiveShell = InteractiveShell.instance(config=cfg)
+    return shell
+
+
+def _clear_exception_state(shell: InteractiveShell) -> None:
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            with contextlib.suppress(AttributeError):
+                delattr(sys, name)
+    with contextlib.suppress(AttributeError):
+        shell.InteractiveTB.tb = None
+    shell.last_execution_result = None
+
+
+def _snapshot(shell: InteractiveShell) -> dict[str, Any]:
+    # IPython 9 registers some magics lazily (%load_ext, %time, ...): a stub that loads its class on
+    # first use, once. Restoring a stub after that load would break the magic for later tests.
+    load_lazy = getattr(shell.magics_manager, "load_all_lazy_magics", None)
+    if load_lazy is not None:
+        load_lazy()
+    return {
+        "extensions": set(shell.extension_manager.loaded),
+        "events": {name: list(cbs) for name, cbs in shell.events.callbacks.items()},
+        "magics": {kind: dict(table) for kind, table in shell.magics_manager.magics.items()},
+        "input_transformers": list(shell.input_transformers_post),
+        "ast_transformers": list(shell.ast_transformers),
+    }
+
+
+def _restore(shell: InteractiveShell, snap: dict[str, Any]) -> None:
+    # Unload what the test loaded (gives extensions the chance to stop threads), then put back the
+    # hooks a misbehaving unload may have left behind.
+    for name in sorted(set(shell.extension_manager.loaded) - snap["extensions"]):
+        with contextlib.suppress(Exception):
+            shell.extension_manager.unload_extension(name)
+        shell.extension_manager.loaded.discard(name)
+    for name, cbs in snap["events"].items():
+        shell.events.callbacks[name][:] = cbs
+    for kind, table in snap["magics"].items():
+        shell.magics_manager.magics[kind].clear()
+        shell.magics_manager.magics[kind].update(table)
+    shell.input_transformers_post[:] = snap["input_transformers"]
+    shell.ast_transformers[:] = snap["ast_transformers"]
+
+
+def reset_shell(shell: InteractiveShell) -> None:
+    """Reset the user namespace, output cache, remembered exception and execution count of ``shell``.
+
+    Like a fresh kernel: the next cell is ``In[1]``/``Out[1]``. (A new history session; the history
+    database is in memory, so this costs nothing.)
+    """
+    shell.reset(new_session=True)
+    _clear_exception_state(shell)
+    gc.collect()
+
+
+@pytest.fixture
+def ip() -> Iterator[InteractiveShell]:
+    """The session's in-process ``InteractiveShell``; ``get_ipython()`` returns it.
+
+    Every test starts with an empty user namespace and output cache and execution count 1, as in a
+    fresh kernel; extensions the test loaded are unloaded afterwards and event callbacks, magics and
+    transformers restored.
+    """
+    shell = _ipython_shell()
+    snap = _snapshot(shell)
+    reset_shell(shell)
+    try:
+        yield shell
+    finally:
+        _restore(shell, snap)
+        reset_shell(shell)
+
+
+def run_cell_capture(shell: InteractiveShell, code: str, *, raise_on_error: bool = False) -> tuple[Any, CapturedIO]:
+    """Run ``code`` like a notebook cell; return ``(ExecutionResult, CapturedIO)``.
+
+    ``CapturedIO`` has ``.stdout``, ``.stderr`` and ``.outputs`` (rich ``display()`` outputs, each with
+    ``.data`` mapping MIME type -> content, e.g. ``cap.outputs[0].data["text/html"]``).
+    """
+    from IPython.utils.capture import capture_output
+
+    with capture_output(display=True) as cap:
+        result = shell.run_cell(code, store_history=True)
+    if raise_on_error:
+        result.raise_error()
+    return result, cap
