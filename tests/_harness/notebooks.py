@@ -93,6 +93,13 @@ def jupyter_env(tmp_path_factory: pytest.TempPathFactory) -> JupyterEnv:
     return make_jupyter_env(tmp_path_factory.mktemp("jupyter-env"))
 
 
+def _nbformat() -> Any:
+    """nbformat (untyped), imported only where notebooks are made or read: the GPU machine may lack it."""
+    import nbformat
+
+    return nbformat
+
+
 def make_notebook(
     path: str | os.PathLike[str],
     cells: Sequence[str | Mapping[str, Any]] = (),
@@ -104,9 +111,7 @@ def make_notebook(
     A cell is a source string (code cell) or ``{"cell_type": "markdown", "source": ...}``. The notebook
     asks for the ``python3`` kernel, so it opens without a kernel-picker dialog.
     """
-    import nbformat
-    from nbformat import v4
-
+    v4 = _nbformat().v4
     nb = v4.new_notebook()
     nb.metadata.update(
         {
@@ -125,7 +130,7 @@ def make_notebook(
             nb.cells.append(v4.new_code_cell(cell["source"]))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(out))
+    _nbformat().write(nb, str(out))
     return out
 
 
@@ -142,12 +147,11 @@ def run_notebook(
     Returns the executed ``NotebookNode``. Pass the ``jupyter_env`` fixture to use its kernelspec
     (``sys.executable``, ``src/`` on ``PYTHONPATH``); without it a temporary one is made.
     """
-    import nbformat
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    nb = nbformat.read(str(nb_or_path), as_version=4) if isinstance(nb_or_path, (str, os.PathLike)) else nb_or_path
+    nb = _nbformat().read(str(nb_or_path), as_version=4) if isinstance(nb_or_path, (str, os.PathLike)) else nb_or_path
     if cwd is None:
         cwd = Path(nb_or_path).parent if isinstance(nb_or_path, (str, os.PathLike)) else Path.cwd()
     with contextlib.ExitStack() as stack:

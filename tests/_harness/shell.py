@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # pragma: no cover
+    from IPython.core.extensions import ExtensionManager
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import CapturedIO
 
@@ -47,6 +48,12 @@ def _clear_exception_state(shell: InteractiveShell) -> None:
     shell.last_execution_result = None
 
 
+def _extensions(shell: InteractiveShell) -> ExtensionManager:
+    manager: ExtensionManager | None = shell.extension_manager
+    assert manager is not None  # made by InteractiveShell.__init__
+    return manager
+
+
 def _snapshot(shell: InteractiveShell) -> dict[str, Any]:
     # IPython 9 registers some magics lazily (%load_ext, %time, ...): a stub that loads its class on
     # first use, once. Restoring a stub after that load would break the magic for later tests.
@@ -54,7 +61,7 @@ def _snapshot(shell: InteractiveShell) -> dict[str, Any]:
     if load_lazy is not None:
         load_lazy()
     return {
-        "extensions": set(shell.extension_manager.loaded),
+        "extensions": set(_extensions(shell).loaded),
         "events": {name: list(cbs) for name, cbs in shell.events.callbacks.items()},
         "magics": {kind: dict(table) for kind, table in shell.magics_manager.magics.items()},
         "input_transformers": list(shell.input_transformers_post),
@@ -65,10 +72,11 @@ def _snapshot(shell: InteractiveShell) -> dict[str, Any]:
 def _restore(shell: InteractiveShell, snap: dict[str, Any]) -> None:
     # Unload what the test loaded (gives extensions the chance to stop threads), then put back the
     # hooks a misbehaving unload may have left behind.
-    for name in sorted(set(shell.extension_manager.loaded) - snap["extensions"]):
+    extensions = _extensions(shell)
+    for name in sorted(set(extensions.loaded) - snap["extensions"]):
         with contextlib.suppress(Exception):
-            shell.extension_manager.unload_extension(name)
-        shell.extension_manager.loaded.discard(name)
+            extensions.unload_extension(name)
+        extensions.loaded.discard(name)
     for name, cbs in snap["events"].items():
         shell.events.callbacks[name][:] = cbs
     for kind, table in snap["magics"].items():
@@ -84,7 +92,7 @@ def reset_shell(shell: InteractiveShell) -> None:
     Like a fresh kernel: the next cell is ``In[1]``/``Out[1]``. (A new history session; the history
     database is in memory, so this costs nothing.)
     """
-    shell.reset(new_session=True)
+    shell.reset(new_session=True)  # type: ignore[no-untyped-call]
     _clear_exception_state(shell)
     gc.collect()
 
@@ -116,7 +124,7 @@ def run_cell_capture(shell: InteractiveShell, code: str, *, raise_on_error: bool
     from IPython.utils.capture import capture_output
 
     with capture_output(display=True) as cap:
-        result = shell.run_cell(code, store_history=True)
+        result = shell.run_cell(code, store_history=True)  # type: ignore[no-untyped-call]
     if raise_on_error:
         result.raise_error()
     return result, cap
