@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
+import datetime as dt
 import io
 import json
 import os
@@ -55,7 +55,9 @@ def load_times_s(runs: int = 5) -> list[float]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     times = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, env=env, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", _LOAD], capture_output=True, text=True, env=env, timeout=300, check=False
+        )
         if out.returncode != 0:
             raise RuntimeError(out.stderr)
         times.append(float(out.stdout.strip().splitlines()[-1]))
@@ -89,98 +91,94 @@ def make_namespace(torch: Any, device: str, count: int) -> dict[str, Any]:
     return namespace
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--cells", type=int, default=300, help="cells per configuration and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--variables", type=int, default=1000)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    return parser.parse_args()
 
-    import torch
-    from IPython.core.interactiveshell import InteractiveShell
 
-    from gpumem.core.holders import find_holders
-    from gpumem.core.monitor import Monitor, set_default_monitor
-    from gpumem.ipython import extension as _extension
-    from gpumem.testing import MIB, FakeSource
+class ShellBench:
+    """One in-process shell, with the extension loaded in a given mode or not, and its hooks timed."""
 
-    cuda = torch.cuda.is_available()
-    device = "cuda:0" if cuda else "cpu"
-    loads = load_times_s()
+    def __init__(self, shell: Any, cuda: bool) -> None:
+        self.shell = shell
+        self.cuda = cuda
+        self.hook_time = 0.0
+        self._installed: list[tuple[str, Any, Any]] = []
 
-    shell = InteractiveShell.instance()
-    shell.user_ns.update(make_namespace(torch, device, args.variables))
-    shell.user_ns["torch"] = torch
-    if cuda:
-        set_default_monitor(Monitor())
-    else:
-        fake = FakeSource()
-        fake.allocate(64 * MIB)
-        set_default_monitor(Monitor(fake))
-
-    def cpu_finder(namespace: Any, _device: str, names: Any) -> Any:
-        if names is None:
-            return find_holders(namespace, device="cpu")
-        return find_holders(namespace, device="cpu", names=names, include_hidden=False)
-
-    hook_time = [0.0]
-
-    def timed(hook: Any) -> Any:
+    def _timed(self, hook: Any) -> Any:
         def wrapper(argument: Any) -> None:
             began = time.perf_counter()
             hook(argument)
-            hook_time[0] += time.perf_counter() - began
+            self.hook_time += time.perf_counter() - began
 
         return wrapper
 
-    installed: list[tuple[str, Any, Any]] = []
+    def load(self, vars_mode: str, incremental: bool = True) -> None:
+        from gpumem.ipython import extension as _extension
 
-    def load(vars_mode: str, incremental: bool = True) -> None:
-        shell.run_line_magic("load_ext", "gpumem")
+        self.shell.run_line_magic("load_ext", "gpumem")
         state = _extension.get_state()
         assert state is not None
         state.tracker.incremental = incremental
-        if not cuda:
+        if not self.cuda:
             state.tracker.holder_finder = cpu_finder
         with contextlib.redirect_stdout(io.StringIO()):
-            shell.run_line_magic("gpumem", f"auto on --vars {vars_mode}")
+            self.shell.run_line_magic("gpumem", f"auto on --vars {vars_mode}")
         for event, hook in (("pre_run_cell", state.pre_run_cell), ("post_run_cell", state.post_run_cell)):
-            wrapper = timed(hook)
-            shell.events.unregister(event, hook)
-            shell.events.register(event, wrapper)
-            installed.append((event, hook, wrapper))
+            wrapper = self._timed(hook)
+            self.shell.events.unregister(event, hook)
+            self.shell.events.register(event, wrapper)
+            self._installed.append((event, hook, wrapper))
 
-    def unload() -> None:
-        while installed:
-            event, hook, wrapper = installed.pop()
-            shell.events.unregister(event, wrapper)
-            shell.events.register(event, hook)
+    def unload(self) -> None:
+        from gpumem.ipython import extension as _extension
+
+        while self._installed:
+            event, hook, wrapper = self._installed.pop()
+            self.shell.events.unregister(event, wrapper)
+            self.shell.events.register(event, hook)
         if _extension.get_state() is not None:
-            shell.run_line_magic("unload_ext", "gpumem")
+            self.shell.run_line_magic("unload_ext", "gpumem")
 
-    def time_cells(count: int) -> tuple[list[float], list[float]]:
+    def time_cells(self, count: int) -> tuple[list[float], list[float]]:
         """Wall time of each cell, and the part spent in gpumem's hooks. Between cells (untimed) a
         5 ms pause lets IPython's history thread write to its database, as it does between real cells;
         back to back, that write lands inside whichever cell next releases the GIL."""
         times, hooks = [], []
         for _ in range(count):
             time.sleep(0.005)
-            hook_time[0] = 0.0
+            self.hook_time = 0.0
             began = time.perf_counter()
-            shell.run_cell("x = 1", store_history=True)
+            self.shell.run_cell("x = 1", store_history=True)
             times.append(time.perf_counter() - began)
-            hooks.append(hook_time[0])
+            hooks.append(self.hook_time)
         return times, hooks
 
+
+def cpu_finder(namespace: Any, _device: str, names: Any) -> Any:
+    """Without CUDA the walk looks for CPU tensors, which is the same work."""
+    from gpumem.core.holders import find_holders
+
+    if names is None:
+        return find_holders(namespace, device="cpu")
+    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
+
+
+def time_configurations(
+    bench: ShellBench, args: argparse.Namespace
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per configuration: every cell's wall time, and the time in gpumem's hooks, over interleaved rounds."""
     configurations = {
-        "not loaded": lambda: unload(),
-        "auto, no attribution": lambda: (unload(), load("never")),
-        f"auto, attribution every cell, {args.variables} variables": lambda: (unload(), load("always")),
+        "not loaded": bench.unload,
+        "auto, no attribution": lambda: (bench.unload(), bench.load("never")),
+        f"auto, attribution every cell, {args.variables} variables": lambda: (bench.unload(), bench.load("always")),
         f"auto, full namespace walk every cell, {args.variables} variables": lambda: (
-            unload(),
-            load("always", incremental=False),
+            bench.unload(),
+            bench.load("always", incremental=False),
         ),
     }
     samples: dict[str, list[float]] = {name: [] for name in configurations}
@@ -188,23 +186,30 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, setup in configurations.items():
             setup()
-            time_cells(20)  # warm up
-            times, hooks = time_cells(args.cells)
+            bench.time_cells(20)  # warm up
+            times, hooks = bench.time_cells(args.cells)
             samples[name] += times
             in_hooks[name] += hooks
-    unload()
-    load("always")
-    time_cells(5)
-    shell.run_cell(f"t = torch.ones(1 << 18, device={device!r})", store_history=True)
+    bench.unload()
+    return samples, in_hooks
+
+
+def check_cell(bench: ShellBench, device: str) -> tuple[list[str], str, Any]:
+    """Run one cell that allocates a tensor in automatic mode: the names reported, the note, the source."""
+    from gpumem.ipython import extension as _extension
+
+    bench.load("always")
+    bench.time_cells(5)
+    bench.shell.run_cell(f"t = torch.ones(1 << 18, device={device!r})", store_history=True)
     state = _extension.get_state()
     assert state is not None
-    last_note = state.tracker.history[-1].variables_note
-    found = [variable.name for variable in state.tracker.history[-1].variables]
+    last = state.tracker.history[-1]
     source = state.monitor.source
-    unload()
-    find_holders(shell.user_ns, device=device, source=source)
-    walk = find_holders(shell.user_ns, device=device, source=source)
+    bench.unload()
+    return [variable.name for variable in last.variables], last.variables_note, source
 
+
+def summary_rows(samples: dict[str, list[float]], in_hooks: dict[str, list[float]]) -> list[dict[str, Any]]:
     base = statistics.median(samples["not loaded"])
     rows = []
     for name, times in samples.items():
@@ -221,9 +226,17 @@ def main() -> int:
                 "in_hooks_p90_ms": statistics.quantiles(in_hooks[name], n=10)[-1] * 1e3,
             }
         )
+    return rows
+
+
+def build_result(
+    torch: Any, device: str, loads: list[float], rows: list[dict[str, Any]], walk: Any, check: tuple[list[str], str]
+) -> dict[str, Any]:
+    cuda = device != "cpu"
     plain, attributed_row, full_row = (max(row["overhead_ms"], row["in_hooks_median_ms"]) for row in rows[1:])
-    result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    found, last_note = check
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.platform(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -247,34 +260,82 @@ def main() -> int:
             "load_ext": statistics.median(loads) <= 0.3,
         },
     }
-    (args.out / "bench_cells.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def markdown(result: dict[str, Any], variables: int) -> list[str]:
     where = result["gpu"] or "no GPU (CPU tensors, fake device)"
     lines = [
-        f"Per-cell overhead of automatic mode ({where}; torch {torch.__version__}; {result['date']})",
+        f"Per-cell overhead of automatic mode ({where}; torch {result['torch']}; {result['date']})",
         "",
         "| configuration | cells | median per cell | p90 | overhead (median) | in gpumem's hooks (median / p90) |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for row in rows:
-        lines.append(
-            f"| {row['configuration']} | {row['cells']} | {row['median_ms']:.3f} ms | {row['p90_ms']:.3f} ms "
-            f"| {row['overhead_ms']:+.3f} ms | {row['in_hooks_median_ms']:.3f} / {row['in_hooks_p90_ms']:.3f} ms |"
-        )
+    lines.extend(
+        f"| {row['configuration']} | {row['cells']} | {row['median_ms']:.3f} ms | {row['p90_ms']:.3f} ms "
+        f"| {row['overhead_ms']:+.3f} ms | {row['in_hooks_median_ms']:.3f} / {row['in_hooks_p90_ms']:.3f} ms |"
+        for row in result["rows"]
+    )
     met = {True: "met", False: "MISSED"}
+    loads = result["load_ext_s"]
+    walk_ms = result["holders_walk_s"] * 1e3
     lines += [
         "",
-        f"Goals: <= {GOAL_PLAIN_MS:g} ms without attribution ({met[result['met']['auto_no_attribution']]}); "
-        f"<= {GOAL_ATTRIBUTION_MS:g} ms with {args.variables} variables: walking the changed names "
-        f"{met[result['met']['auto_attribution']]}, walking every name {met[result['met']['auto_full_walk']]} "
-        "(automatic mode walks every name only when the changed names do not explain the growth).",
-        f"One full holders walk of that namespace: {walk.elapsed_s * 1e3:.1f} ms, {len(walk.holders)} holders. "
-        f"Check cell `t = torch.ones(...)`: reported {found} ({last_note}).",
-        f"`%load_ext gpumem` in a fresh interpreter: median {statistics.median(loads) * 1e3:.0f} ms, "
-        f"max {max(loads) * 1e3:.0f} ms (goal <= 300 ms: {'met' if result['met']['load_ext'] else 'MISSED'}).",
+        (
+            f"Goals: <= {GOAL_PLAIN_MS:g} ms without attribution ({met[result['met']['auto_no_attribution']]}); "
+            f"<= {GOAL_ATTRIBUTION_MS:g} ms with {variables} variables: walking the changed names "
+            f"{met[result['met']['auto_attribution']]}, walking every name {met[result['met']['auto_full_walk']]} "
+            "(automatic mode walks every name only when the changed names do not explain the growth)."
+        ),
+        (
+            f"One full holders walk of that namespace: {walk_ms:.1f} ms, {result['holders_found']} holders. "
+            f"Check cell `t = torch.ones(...)`: reported {result['check_cell_variables']} "
+            f"({result['check_cell_note']})."
+        ),
+        (
+            f"`%load_ext gpumem` in a fresh interpreter: median {statistics.median(loads) * 1e3:.0f} ms, "
+            f"max {max(loads) * 1e3:.0f} ms (goal <= 300 ms: {'met' if result['met']['load_ext'] else 'MISSED'})."
+        ),
         "",
         ALTERNATIVE_NOTE,
         "",
     ]
+    return lines
+
+
+def main() -> int:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumem.core.holders import find_holders
+    from gpumem.core.monitor import Monitor, set_default_monitor
+    from gpumem.testing import MIB, FakeSource
+
+    cuda = torch.cuda.is_available()
+    device = "cuda:0" if cuda else "cpu"
+    loads = load_times_s()
+
+    shell = InteractiveShell.instance()
+    shell.user_ns.update(make_namespace(torch, device, args.variables))
+    shell.user_ns["torch"] = torch
+    if cuda:
+        set_default_monitor(Monitor())
+    else:
+        fake = FakeSource()
+        fake.allocate(64 * MIB)
+        set_default_monitor(Monitor(fake))
+
+    bench = ShellBench(shell, cuda)
+    samples, in_hooks = time_configurations(bench, args)
+    found, last_note, source = check_cell(bench, device)
+    find_holders(shell.user_ns, device=device, source=source)
+    walk = find_holders(shell.user_ns, device=device, source=source)
+
+    result = build_result(torch, device, loads, summary_rows(samples, in_hooks), walk, (found, last_note))
+    (args.out / "bench_cells.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = markdown(result, args.variables)
     (args.out / "bench_cells.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

@@ -447,3 +447,55 @@ def test_output_cache_entries_are_reported_as_hidden(cpu_tracker: CellTracker, f
     (variable,) = record.variables
     assert variable.name == "Out[2]" and variable.hidden and variable.nbytes == 4000
     assert any(w.kind == "output-cache" and "Out[2]" in w.message for w in record.warnings)
+
+
+# The pieces the tracker is built from ---------------------------------------------------------------
+
+
+def _reading(allocated: int, peak: int, device: int = 0) -> Any:
+    from gpumem.core.sources import AllocatorReading
+
+    return AllocatorReading(device, allocated, allocated, allocated, 0, peak, peak, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "sampled", "reset_at_start", "reset_in_cell", "expected"),
+    [
+        (None, (2, 5), 2, False, False, (5, True, "")),  # CUDA first used in the cell: the counter is the cell's
+        ((1, 9), (2, 5), 2, True, False, (5, True, "")),  # reset by the tracker at the start
+        ((1, 1), (2, 5), 6, False, False, (6, False, PEAK_RESET_NOTE)),  # counter below what was sampled
+        ((1, 9), (2, 5), 2, True, True, (5, False, PEAK_RESET_NOTE)),  # reset again inside the cell
+        ((1, 9), (2, 12), 2, False, False, (12, True, "")),  # kept counter that rose: exact
+        ((1, 9), (2, 9), 3, False, False, (3, False, KEPT_PEAK_NOTE)),  # kept counter that did not rise
+        ((1, 9), (2, 4), 2, False, False, (2, False, PEAK_RESET_NOTE)),  # kept counter that fell: reset
+    ],
+)
+def test_the_peak_exactness_rule(
+    before: tuple[int, int] | None,
+    after: tuple[int, int],
+    sampled: int,
+    reset_at_start: bool,
+    reset_in_cell: bool,
+    expected: tuple[int, bool, str],
+) -> None:
+    from gpumem.core.peaks import cell_peak
+
+    peak = cell_peak(
+        _reading(*before) if before is not None else None,
+        _reading(*after),
+        sampled,
+        sampled,
+        reset_at_start=reset_at_start,
+        reset_in_cell=reset_in_cell,
+    )
+    assert (peak.allocated_bytes, peak.exact, peak.note) == expected
+
+
+def test_the_package_and_report_keep_their_names() -> None:
+    from gpumem.core import cells
+    from gpumem.core.cells import history, report
+
+    for name in cells.__all__:
+        assert getattr(cells, name) is not None
+    for name in ("HistoryTable", "history_dataframe", "history_rows", "record_to_dict", "write_csv", "write_json"):
+        assert getattr(report, name) is getattr(history, name)

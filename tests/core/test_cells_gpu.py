@@ -208,7 +208,9 @@ print(json.dumps({
 def test_cuda_first_used_inside_the_cell_and_never_by_the_extension() -> None:
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _FRESH], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads(out.stdout.strip().splitlines()[-1])
     assert data["initialized_before"] is False  # measuring cells never created a CUDA context

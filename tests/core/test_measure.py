@@ -120,7 +120,7 @@ def test_the_reset_counter_is_one_wrapper_whatever_the_trackers(
     from gpumem.core.cells import CellTracker
 
     calls: list[int] = []
-    torch_c = types.SimpleNamespace(_cuda_resetPeakMemoryStats=lambda device: calls.append(device))
+    torch_c = types.SimpleNamespace(_cuda_resetPeakMemoryStats=calls.append)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(_C=torch_c))
     original = torch_c._cuda_resetPeakMemoryStats
     cells = CellTracker(default_monitor(), start_sampler=False)

@@ -11,10 +11,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpumem.core.cells import ActiveCell, CellOptions, CellRecord, CellTracker
+from gpumem.core.cells.active import ActiveCell
+from gpumem.core.cells.record import CellOptions, CellRecord
+from gpumem.core.cells.tracker import CellTracker
 from gpumem.core.monitor import default_monitor
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Measurement", "measure", "measured"]
 
@@ -61,7 +66,7 @@ class Measurement:
         self.record: CellRecord | None = None
         self._active: ActiveCell | None = None
 
-    def __enter__(self) -> Measurement:
+    def __enter__(self) -> Self:
         if self._active is not None:
             raise RuntimeError(
                 f"the block {self.label!r} is already being measured; nest a new gpumem.measure(...) instead"

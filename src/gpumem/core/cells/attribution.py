@@ -1,0 +1,258 @@
+"""Which variables hold more GPU memory after a cell than before it.
+
+The holders walk (:func:`gpumem.core.holders.find_holders`, or any function of the same shape) says
+who holds what now; :class:`VariableAttribution` remembers the previous answer and compares. In
+automatic mode it walks only the names whose value changed since then (by identity, and by length
+for built-in containers), unless that leaves most of the cell's growth unexplained.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from gpumem.core.cells.record import CellOptions, DeviceChange, HeldVariable, VariableChange
+from gpumem.core.monitor import Monitor
+from gpumem.core.units import format_bytes
+
+__all__ = [
+    "MAX_CHANGED_NAMES",
+    "Attribution",
+    "HolderFinder",
+    "VariableAttribution",
+    "VariableReport",
+    "holders_walk",
+    "not_inspected_note",
+    "should_attribute",
+    "signatures",
+]
+
+# (namespace, device filter such as "cuda" or "cuda:1", names to walk or None for all of them and
+# IPython's hidden references) -> a holders report (see gpumem.core.holders.find_holders)
+HolderFinder = Callable[[Mapping[str, Any], str, "Collection[str] | None"], Any]
+
+# An automatic-mode walk covers only the names whose value changed; past this many it walks everything.
+MAX_CHANGED_NAMES = 100
+_SIZED = frozenset({list, dict, set, frozenset, tuple, deque})
+
+Signatures = dict[str, tuple[int, int]]
+
+
+class Attribution(NamedTuple):
+    """Who holds what, as one walk (or several put together) found it."""
+
+    held: dict[str, HeldVariable]
+    note: str
+    ok: bool
+
+
+class VariableReport(NamedTuple):
+    """What a cell's attribution found: the new or grown names, what they mean, autograd graphs kept."""
+
+    changes: tuple[VariableChange, ...]
+    note: str
+    graph_paths: tuple[str, ...]
+
+
+def signatures(namespace: Mapping[str, Any]) -> Signatures:
+    """Per name: the value's id, and its length for built-in containers (so an append shows)."""
+    found: Signatures = {}
+    for name, value in list(namespace.items()):
+        kind = type(value)
+        found[name] = (id(value), len(value) if kind in _SIZED else -1)
+    return found
+
+
+def holders_walk(monitor: Monitor) -> HolderFinder:
+    """The default finder: the holders walk, reading devices through ``monitor``'s source at each call."""
+
+    def find(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+        from gpumem.core.holders import find_holders
+
+        if names is None:
+            return find_holders(namespace, device=device, source=monitor.source)
+        return find_holders(namespace, device=device, source=monitor.source, names=names, include_hidden=False)
+
+    return find
+
+
+def should_attribute(options: CellOptions, devices: Sequence[DeviceChange], threshold_bytes: int) -> bool:
+    if options.attribute is not None:
+        return options.attribute
+    return any(abs(change.allocated_delta_bytes) >= threshold_bytes for change in devices)
+
+
+def not_inspected_note(
+    options: CellOptions, devices: Sequence[DeviceChange], namespace: Mapping[str, Any] | None, threshold_bytes: int
+) -> str:
+    """Why a cell's variables were not inspected."""
+    if not devices:
+        return "no CUDA device in use"
+    if options.attribute is False:
+        return "variables not inspected (turned off)"
+    if namespace is None:
+        return "variables not inspected (no namespace)"
+    return f"variables not inspected: CUDA allocated memory changed by less than {format_bytes(threshold_bytes)}"
+
+
+class VariableAttribution:
+    """The tracker's memory of who held what at the last inspection, and the walks that update it."""
+
+    def __init__(self, holder_finder: HolderFinder) -> None:
+        self.holder_finder = holder_finder
+        self.incremental = True  # automatic mode walks only the names whose value changed
+        self.walks = {"full": 0, "changed names": 0}
+        self._baseline: dict[str, HeldVariable] = {}
+        self._baseline_label = ""
+        self._signatures: Signatures | None = None
+
+    def at_start(self, namespace: Mapping[str, Any], devices: tuple[int, ...] | None) -> Attribution:
+        """Who holds what as a ``%%gpumem`` cell starts: that cell is compared with this."""
+        start = self.attribute(namespace, devices, None)
+        self._signatures = signatures(namespace)
+        return start
+
+    def attribute(
+        self, namespace: Mapping[str, Any], devices: tuple[int, ...] | None, names: Collection[str] | None
+    ) -> Attribution:
+        device = f"cuda:{devices[0]}" if devices is not None and len(devices) == 1 else "cuda"
+        try:
+            report = self.holder_finder(namespace, device, names)
+        except KeyboardInterrupt:
+            # Ctrl-C while gpumem walks the namespace (the user's code is not running): stop the walk only.
+            return Attribution({}, "inspection interrupted", False)
+        except ImportError as error:
+            return Attribution({}, f"variable attribution unavailable: {error}", False)
+        except Exception as error:
+            return Attribution({}, f"variable attribution failed: {type(error).__name__}: {error}", False)
+        self.walks["full" if names is None else "changed names"] += 1
+        held = _held_variables(report)
+        if devices is not None and len(devices) > 1:
+            wanted = {f"cuda:{d}" for d in devices}
+            held = [h for h in held if wanted.intersection(h.device.split(","))]
+        note = ""
+        if getattr(report, "truncated", False):
+            note = "the namespace walk stopped early (too many objects); the list may be incomplete"
+        return Attribution({h.name: h for h in held}, note, True)
+
+    def variable_changes(
+        self,
+        start: Attribution | None,
+        namespace: Mapping[str, Any],
+        options: CellOptions,
+        count: int | None,
+        devices: Sequence[DeviceChange],
+        hidden: Mapping[str, Any] | None,
+        threshold_bytes: int,
+    ) -> VariableReport:
+        """The names holding more than at ``start`` (the cell's own baseline) or at the last inspection."""
+        attribution = self._walk(namespace, options, devices, hidden, threshold_bytes)
+        if not attribution.ok:
+            self._signatures = None
+            return VariableReport((), attribution.note, ())
+        if start is not None and start.ok:
+            baseline, since, then = start.held, "since the start of the cell", "at the start of the cell"
+        elif self._baseline_label:
+            baseline, since, then = self._baseline, f"since {self._baseline_label}", f"after {self._baseline_label}"
+        else:
+            baseline, since, then = {}, "(first inspection)", ""
+        changes = _grown(attribution.held, baseline)
+        self._baseline = attribution.held
+        self._baseline_label = f"cell [{count}]" if count is not None else "the previous inspection"
+        grown = {change.name for change in changes}
+        graph_paths: list[str] = []
+        for held in sorted(attribution.held.values(), key=lambda h: -h.nbytes):
+            if held.graph_paths and (options.mode == "magic" or held.name in grown):
+                graph_paths.extend(held.graph_paths)
+        if changes:
+            note = f"new or grown {since}"
+        elif then:
+            note = f"no variable holds more GPU memory than {then}"
+        else:
+            note = "no variable holds GPU memory"
+        if attribution.note:
+            note += f"; {attribution.note}"
+        return VariableReport(tuple(changes), note, tuple(graph_paths))
+
+    def _walk(
+        self,
+        namespace: Mapping[str, Any],
+        options: CellOptions,
+        devices: Sequence[DeviceChange],
+        hidden: Mapping[str, Any] | None,
+        threshold_bytes: int,
+    ) -> Attribution:
+        """Who holds what now. In automatic mode only the names whose value changed are walked, unless
+        that leaves most of the cell's growth unexplained (memory grew inside an unchanged object)."""
+        now = signatures(namespace)
+        previous = self._signatures
+        self._signatures = now
+        if options.mode == "magic" or previous is None or not self.incremental:
+            return self.attribute(namespace, options.devices, None)
+        changed = [name for name, signature in now.items() if previous.get(name) != signature]
+        if len(changed) > MAX_CHANGED_NAMES:
+            return self.attribute(namespace, options.devices, None)
+        part = self.attribute(namespace, options.devices, changed)
+        if not part.ok:
+            return part
+        held = {
+            name: value
+            for name, value in self._baseline.items()
+            if (value.hidden or name in now) and name not in part.held and name not in changed
+        }
+        held.update(part.held)
+        if hidden:
+            extra = self.attribute(hidden, options.devices, list(hidden))
+            held.update({name: value._replace(hidden=True) for name, value in extra.held.items()})
+        growth = sum(max(change.allocated_delta_bytes, 0) for change in devices)
+        explained = sum(
+            max(value.nbytes - (self._baseline[name].nbytes if name in self._baseline else 0), 0)
+            for name, value in held.items()
+            if name in part.held or value.hidden
+        )
+        if growth >= threshold_bytes and explained < growth // 2:
+            return self.attribute(namespace, options.devices, None)
+        return Attribution(held, part.note, True)
+
+
+def _grown(held: Mapping[str, HeldVariable], baseline: Mapping[str, HeldVariable]) -> list[VariableChange]:
+    """The holders that are new or hold more than in ``baseline``, largest growth first."""
+    changes: list[VariableChange] = []
+    for holder in held.values():
+        previous = baseline.get(holder.name)
+        previous_bytes = previous.nbytes if previous is not None else None
+        if previous_bytes is None or holder.nbytes > previous_bytes:
+            changes.append(
+                VariableChange(
+                    holder.name, holder.type_name, holder.device, holder.nbytes, previous_bytes, holder.hidden
+                )
+            )
+    changes.sort(key=lambda change: (-change.grown_bytes, change.name))
+    return changes
+
+
+def _held_variables(report: Any) -> list[HeldVariable]:
+    """Read a holders report (``holders`` and ``hidden`` lists of Holder-like objects) defensively."""
+    held: list[HeldVariable] = []
+    for hidden, holders in ((False, getattr(report, "holders", ())), (True, getattr(report, "hidden", ()))):
+        for holder in _iterable(holders):
+            name = str(getattr(holder, "name", "?"))
+            device = getattr(holder, "device", "")
+            device_text = f"cuda:{device}" if isinstance(device, int) else str(device or "")
+            paths = getattr(holder, "graph_paths", ()) or ()
+            held.append(
+                HeldVariable(
+                    name=name,
+                    type_name=str(getattr(holder, "type_name", "")),
+                    device=device_text,
+                    nbytes=int(getattr(holder, "nbytes", 0) or 0),
+                    graph_paths=tuple(str(path) for path in paths),
+                    hidden=hidden,
+                )
+            )
+    return held
+
+
+def _iterable(value: Any) -> Iterable[Any]:
+    return value if isinstance(value, (list, tuple)) else ()

@@ -1,0 +1,52 @@
+"""The pieces of text the cell report and the history table share: the style, labels and durations."""
+
+from __future__ import annotations
+
+from gpumem.core.cells.record import CellRecord
+from gpumem.core.units import format_delta
+
+__all__ = ["STYLE", "at_least", "cell_label", "format_duration"]
+
+STYLE = (
+    "<style>"
+    ".gpumem-report{font-family:var(--jp-ui-font-family,sans-serif);font-size:12px;line-height:1.4;margin:2px 0}"
+    ".gpumem-report table{border-collapse:collapse;margin:2px 0}"
+    ".gpumem-report th,.gpumem-report td{padding:1px 8px;text-align:right;border:none;white-space:nowrap}"
+    ".gpumem-report th:first-child,.gpumem-report td:first-child{text-align:left}"
+    ".gpumem-report td.src{text-align:left;font-family:var(--jp-code-font-family,monospace)}"
+    ".gpumem-report th.src{text-align:left}"
+    ".gpumem-report thead th{border-bottom:1px solid var(--jp-border-color2,#ccc);font-weight:600}"
+    ".gpumem-report .up{color:var(--jp-error-color1,#c62828)}"
+    ".gpumem-report .down{color:var(--jp-success-color1,#2e7d32)}"
+    ".gpumem-report .dim{color:var(--jp-ui-font-color2,#777)}"
+    ".gpumem-report .warn{color:var(--jp-warn-color0,#b26a00);margin:1px 0}"
+    ".gpumem-report code{font-size:11px}"
+    "</style>"
+)
+
+_TENTHS_BELOW_S = 0.1  # shorter durations keep a tenth of a millisecond
+_PER_UNIT = 60  # seconds in a minute, minutes in an hour
+
+
+def format_duration(seconds: float) -> str:
+    """``0.0004 -> '0.4 ms'``, ``1.234 -> '1.23 s'``, ``125 -> '2 min 5 s'``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms" if seconds < _TENTHS_BELOW_S else f"{seconds * 1000:.0f} ms"
+    if seconds < _PER_UNIT:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(round(seconds), _PER_UNIT)
+    if minutes < _PER_UNIT:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, _PER_UNIT)
+    return f"{hours} h {minutes} min"
+
+
+def cell_label(record: CellRecord) -> str:
+    """``[7]`` for a cell with an execution count, else ``#3``, its place among the measured cells."""
+    count = record.execution_count
+    return f"[{count}]" if count is not None else f"#{record.serial}"
+
+
+def at_least(delta: int, space: str = " ") -> str:
+    """A sampled peak above the start, a lower bound: ``'≥ +1.0 GiB'``, and ``'≥ 0 B'`` rather than ``'≥ ±0 B'``."""
+    return f"\u2265{space}{format_delta(delta) if delta else '0 B'}"

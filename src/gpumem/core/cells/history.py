@@ -1,0 +1,252 @@
+"""The history of measured cells: ``%gpumem history``'s table, flat rows, a DataFrame, JSON and CSV files."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpumem.core.cells.formatting import STYLE, at_least, cell_label, format_duration
+from gpumem.core.cells.record import CellRecord
+from gpumem.core.units import format_delta
+
+__all__ = [
+    "HistoryTable",
+    "history_columns",
+    "history_dataframe",
+    "history_rows",
+    "record_to_dict",
+    "write_csv",
+    "write_json",
+]
+
+
+def _devices_in(records: Iterable[CellRecord]) -> list[int]:
+    return sorted({change.device for record in records for change in record.devices})
+
+
+def _time_text(wall_s: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(wall_s))
+
+
+class HistoryTable:
+    """``%gpumem history``: one row per measured cell, newest last."""
+
+    def __init__(self, records: Sequence[CellRecord], total: int | None = None) -> None:
+        self.records = list(records)
+        self.total = len(self.records) if total is None else total
+
+    def _columns(self) -> tuple[list[str], list[list[str]]]:
+        devices = _devices_in(self.records)
+        header = ["cell", "started", "duration", "status"]
+        for device in devices:
+            header += [f"cuda:{device} alloc \u0394", f"cuda:{device} peak"]
+        header += ["host \u0394", "warnings", "first line"]
+        rows: list[list[str]] = []
+        for record in self.records:
+            row = [
+                cell_label(record),
+                _time_text(record.started_wall_s),
+                format_duration(record.duration_s),
+                record.status,
+            ]
+            by_device = {change.device: change for change in record.devices}
+            for device in devices:
+                change = by_device.get(device)
+                if change is None:
+                    row += ["-", "-"]
+                else:
+                    delta = change.peak_above_start_bytes
+                    row += [
+                        format_delta(change.allocated_delta_bytes),
+                        format_delta(delta) if change.peak_exact else at_least(delta, ""),
+                    ]
+            row.append(format_delta(record.host.rss_delta_bytes) if record.host is not None else "n/a")
+            row.append(", ".join(sorted({w.kind for w in record.warnings})) or "")
+            row.append(record.first_line)
+            rows.append(row)
+        return header, rows
+
+    def _empty_text(self) -> str:
+        return f"None of the {self.total} measured cells shown." if self.total else "No measured cells yet."
+
+    def _repr_html_(self) -> str:
+        if not self.records:
+            return f'<div class="gpumem-report">{self._empty_text()}</div>'
+        header, rows = self._columns()
+        e = html.escape
+        parts = [STYLE, '<div class="gpumem-report"><table><thead><tr>']
+        parts += [f"<th>{e(name)}</th>" for name in header[:-1]]
+        parts.append(f'<th class="src">{e(header[-1])}</th>')
+        parts.append("</tr></thead><tbody>")
+        for row in rows:
+            cells = [f"<td>{e(value)}</td>" for value in row[:-1]]
+            cells.append(f'<td class="src">{e(row[-1])}</td>')
+            parts.append("<tr>" + "".join(cells) + "</tr>")
+        parts.append("</tbody></table>")
+        if self.total > len(self.records):
+            parts.append(
+                f'<div class="dim">last {len(self.records)} of {self.total} cells (--all shows every one)</div>'
+            )
+        parts.append("</div>")
+        return "".join(parts)
+
+    def __repr__(self) -> str:
+        if not self.records:
+            return self._empty_text()
+        header, rows = self._columns()
+        widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header) - 1)]
+        lines = ["  ".join(name.ljust(width) for name, width in zip(header, widths, strict=False)) + "  first line"]
+        lines.extend(
+            "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=False)) + "  " + row[-1]
+            for row in rows
+        )
+        if self.total > len(self.records):
+            lines.append(f"(last {len(self.records)} of {self.total} cells; --all shows every one)")
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def record_to_dict(record: CellRecord) -> dict[str, Any]:
+    """A JSON-ready nested dict, with the derived deltas spelled out."""
+    devices = []
+    for change in record.devices:
+        item: dict[str, Any] = change._asdict()
+        item.update(
+            allocated_delta_bytes=change.allocated_delta_bytes,
+            reserved_delta_bytes=change.reserved_delta_bytes,
+            peak_above_start_bytes=change.peak_above_start_bytes,
+            used_delta_bytes=change.used_delta_bytes,
+        )
+        devices.append(item)
+    host: dict[str, Any] | None = None
+    if record.host is not None:
+        host = record.host._asdict()
+        host.update(
+            rss_delta_bytes=record.host.rss_delta_bytes,
+            peak_above_start_bytes=record.host.peak_above_start_bytes,
+        )
+    return {
+        "serial": record.serial,
+        "execution_count": record.execution_count,
+        "first_line": record.first_line,
+        "source_hash": record.source_hash,
+        "started_wall_s": record.started_wall_s,
+        "duration_s": record.duration_s,
+        "status": record.status,
+        "error": record.error,
+        "mode": record.mode,
+        "keep_peaks": record.keep_peaks,
+        "devices": devices,
+        "host": host,
+        "variables": [change._asdict() for change in record.variables],
+        "variables_note": record.variables_note,
+        "warnings": [warning._asdict() for warning in record.warnings],
+        "cuda_note": record.cuda_note,
+    }
+
+
+_DEVICE_FIELDS = (
+    "allocated_before_bytes",
+    "allocated_after_bytes",
+    "allocated_delta_bytes",
+    "reserved_before_bytes",
+    "reserved_after_bytes",
+    "reserved_delta_bytes",
+    "peak_allocated_bytes",
+    "peak_above_start_bytes",
+    "peak_exact",
+    "used_delta_bytes",
+)
+
+
+def history_columns(records: Sequence[CellRecord]) -> list[str]:
+    columns = [
+        "cell",
+        "execution_count",
+        "first_line",
+        "started_wall_s",
+        "duration_s",
+        "status",
+        "error",
+        "mode",
+        "keep_peaks",
+        "host_rss_before_bytes",
+        "host_rss_after_bytes",
+        "host_rss_delta_bytes",
+        "host_peak_rss_bytes",
+        "host_peak_exact",
+    ]
+    for device in _devices_in(records):
+        columns += [f"cuda{device}_{name}" for name in _DEVICE_FIELDS]
+    return [*columns, "warnings", "variables"]
+
+
+def history_rows(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
+    """One flat dict per cell (per-device figures as ``cuda{i}_*`` columns; None where not measured)."""
+    columns = history_columns(records)
+    rows: list[dict[str, Any]] = []
+    for record in records:
+        row: dict[str, Any] = dict.fromkeys(columns)
+        host = record.host
+        row.update(
+            cell=record.serial,
+            execution_count=record.execution_count,
+            first_line=record.first_line,
+            started_wall_s=record.started_wall_s,
+            duration_s=record.duration_s,
+            status=record.status,
+            error=record.error,
+            mode=record.mode,
+            keep_peaks=record.keep_peaks,
+            warnings=" | ".join(warning.message for warning in record.warnings),
+            variables=", ".join(f"{change.name}={change.nbytes}" for change in record.variables),
+        )
+        if host is not None:
+            row.update(
+                host_rss_before_bytes=host.rss_before_bytes,
+                host_rss_after_bytes=host.rss_after_bytes,
+                host_rss_delta_bytes=host.rss_delta_bytes,
+                host_peak_rss_bytes=host.peak_rss_bytes,
+                host_peak_exact=host.peak_exact,
+            )
+        for change in record.devices:
+            for name in _DEVICE_FIELDS:
+                row[f"cuda{change.device}_{name}"] = getattr(change, name)
+        rows.append(row)
+    return rows
+
+
+def history_dataframe(records: Sequence[CellRecord]) -> Any:
+    """The history as a pandas DataFrame (pandas is imported here, not before)."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("gpumem.history() needs pandas: pip install pandas") from None
+    columns = history_columns(records)
+    frame = pd.DataFrame(history_rows(records), columns=columns)
+    for column in columns:
+        if column.endswith("_bytes") or column in ("cell", "execution_count"):
+            frame[column] = frame[column].astype("Int64")
+        elif column.endswith("_exact") or column == "keep_peaks":
+            frame[column] = frame[column].astype("boolean")
+    frame.insert(3, "started", pd.to_datetime(frame["started_wall_s"], unit="s", utc=True))
+    return frame.drop(columns=["started_wall_s"])
+
+
+def write_json(records: Sequence[CellRecord], path: str | os.PathLike[str]) -> None:
+    with Path(path).open("w", encoding="utf-8") as handle:
+        json.dump([record_to_dict(record) for record in records], handle, indent=1)
+        handle.write("\n")
+
+
+def write_csv(records: Sequence[CellRecord], path: str | os.PathLike[str]) -> None:
+    with Path(path).open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=history_columns(records))
+        writer.writeheader()
+        for row in history_rows(records):
+            writer.writerow({key: "" if value is None else value for key, value in row.items()})

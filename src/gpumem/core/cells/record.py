@@ -1,0 +1,202 @@
+"""What one measured cell did to memory: the immutable records the tracker keeps, and how a cell is named.
+
+Nothing here measures; :mod:`gpumem.core.cells.tracker` fills these in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+__all__ = [
+    "STATUSES",
+    "STATUS_ERROR",
+    "STATUS_INTERRUPTED",
+    "STATUS_OK",
+    "STATUS_OUT_OF_MEMORY",
+    "CellOptions",
+    "CellRecord",
+    "CellWarning",
+    "DeviceChange",
+    "HeldVariable",
+    "HostChange",
+    "VariableChange",
+    "classify_error",
+    "first_line_of",
+    "source_key",
+]
+
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STATUS_INTERRUPTED = "interrupted"
+STATUS_OUT_OF_MEMORY = "out of memory"
+STATUSES = (STATUS_OK, STATUS_ERROR, STATUS_INTERRUPTED, STATUS_OUT_OF_MEMORY)
+
+_ERROR_LIMIT = 200  # characters of an error's description kept in a record
+
+
+class DeviceChange(NamedTuple):
+    """One CUDA device across a cell. Allocated/reserved are PyTorch's; ``used`` is NVML's whole device."""
+
+    device: int
+    allocated_before_bytes: int
+    allocated_after_bytes: int
+    reserved_before_bytes: int
+    reserved_after_bytes: int
+    peak_allocated_bytes: int  # highest allocated during the cell (absolute)
+    peak_exact: bool  # from the allocator's counter; False: highest sampled value, a lower bound
+    peak_note: str  # why the peak is not exact, or ""
+    peak_reserved_bytes: int
+    used_before_bytes: int | None  # None: NVML unavailable
+    used_after_bytes: int | None
+    total_bytes: int | None
+    initialized_in_cell: bool  # CUDA was first used on this device inside the cell
+
+    @property
+    def allocated_delta_bytes(self) -> int:
+        return self.allocated_after_bytes - self.allocated_before_bytes
+
+    @property
+    def reserved_delta_bytes(self) -> int:
+        return self.reserved_after_bytes - self.reserved_before_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_allocated_bytes - self.allocated_before_bytes
+
+    @property
+    def used_delta_bytes(self) -> int | None:
+        if self.used_before_bytes is None or self.used_after_bytes is None:
+            return None
+        return self.used_after_bytes - self.used_before_bytes
+
+
+class HostChange(NamedTuple):
+    """This process's resident memory across a cell."""
+
+    rss_before_bytes: int
+    rss_after_bytes: int
+    peak_rss_bytes: int
+    peak_exact: bool  # the lifetime peak rose during the cell, so it is this cell's; else sampled, a lower bound
+
+    @property
+    def rss_delta_bytes(self) -> int:
+        return self.rss_after_bytes - self.rss_before_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_rss_bytes - self.rss_before_bytes
+
+
+class VariableChange(NamedTuple):
+    """A name that holds CUDA memory after the cell and is new, or holds more than before."""
+
+    name: str
+    type_name: str
+    device: str
+    nbytes: int
+    previous_bytes: int | None  # None: not holding CUDA memory at the last attribution
+    hidden: bool  # one of IPython's own references (Out, _N, the last exception)
+
+    @property
+    def grown_bytes(self) -> int:
+        return self.nbytes - (self.previous_bytes or 0)
+
+
+class CellWarning(NamedTuple):
+    """Something the user should act on; ``kind`` is one of leak, graph, peak-reset, capacity, fragmentation."""
+
+    kind: str
+    message: str
+
+
+class CellRecord(NamedTuple):
+    """What one measured cell did to memory. Immutable; the tracker keeps a bounded history of them."""
+
+    serial: int  # 1-based position among this session's measured cells
+    execution_count: int | None
+    first_line: str
+    source_hash: str
+    started_wall_s: float
+    duration_s: float
+    status: str
+    error: str | None
+    devices: tuple[DeviceChange, ...]
+    host: HostChange | None
+    variables: tuple[VariableChange, ...]
+    variables_note: str  # what the variable list means, or why there is none
+    warnings: tuple[CellWarning, ...]
+    cuda_note: str | None  # why no CUDA device is reported, when none is
+    keep_peaks: bool
+    mode: str  # "magic" (asked for with %%gpumem) or "auto"
+    quiet: bool
+
+    def largest_change_bytes(self) -> int:
+        """The biggest absolute change of any figure (CUDA allocated/reserved/peak, host RSS)."""
+        sizes = [0]
+        for change in self.devices:
+            sizes += [abs(change.allocated_delta_bytes), abs(change.reserved_delta_bytes)]
+            sizes.append(max(change.peak_above_start_bytes, 0))
+        if self.host is not None:
+            sizes.append(abs(self.host.rss_delta_bytes))
+        return max(sizes)
+
+
+class CellOptions(NamedTuple):
+    """How to measure one cell."""
+
+    devices: tuple[int, ...] | None = None  # None: every device in use
+    keep_peaks: bool = False
+    attribute: bool | None = None  # None: only when CUDA allocated memory changed by attribute_threshold_bytes
+    mode: str = "auto"
+    quiet: bool = False
+
+
+class HeldVariable(NamedTuple):
+    """The part of a holder report the tracker uses (independent of the holders module's classes)."""
+
+    name: str
+    type_name: str
+    device: str
+    nbytes: int
+    graph_paths: tuple[str, ...]
+    hidden: bool
+
+
+def first_line_of(source: str, limit: int = 80) -> str:
+    """The first non-blank line of a cell that is not a cell magic's header, shortened for tables."""
+    lines = [line.strip() for line in source.splitlines() if line.strip()]
+    code = [line for line in lines if not line.startswith("%%")]
+    text = (code or lines or [""])[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def source_key(source: str) -> str:
+    """Identifies a cell's source across re-runs, ignoring trailing spaces and blank lines around it."""
+    normal = "\n".join(line.rstrip() for line in source.strip("\n").splitlines()).strip()
+    return hashlib.blake2b(normal.encode("utf-8", "replace"), digest_size=8).hexdigest()
+
+
+def classify_error(error: BaseException | None) -> tuple[str, str | None]:
+    """(status, one-line description). Recognises torch's OutOfMemoryError without importing torch."""
+    if error is None:
+        return STATUS_OK, None
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    description = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    if len(description) > _ERROR_LIMIT:
+        description = description[: _ERROR_LIMIT - 1] + "…"
+    if isinstance(error, KeyboardInterrupt):
+        return STATUS_INTERRUPTED, description
+    if _is_out_of_memory(error):
+        return STATUS_OUT_OF_MEMORY, description
+    return STATUS_ERROR, description
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError):
+        return True
+    for cls in type(error).__mro__:
+        if cls.__name__ == "OutOfMemoryError" and cls.__module__.split(".")[0] == "torch":
+            return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error)[:300].lower()

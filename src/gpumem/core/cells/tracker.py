@@ -1,0 +1,347 @@
+"""The cell tracker: says when measuring starts and ends, keeps the records, tells the listeners.
+
+The figures come from :mod:`~gpumem.core.cells.changes` (with :mod:`gpumem.core.peaks` deciding
+whether a peak is exact), the names from :mod:`~gpumem.core.cells.attribution` and the warnings from
+:mod:`~gpumem.core.cells.warnings`; this module only puts them together at the right moments.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpumem.core.cells.active import ActiveCell
+from gpumem.core.cells.attribution import (
+    HolderFinder,
+    VariableAttribution,
+    VariableReport,
+    holders_walk,
+    not_inspected_note,
+    should_attribute,
+)
+from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
+from gpumem.core.cells.record import (
+    CellOptions,
+    CellRecord,
+    CellWarning,
+    DeviceChange,
+    classify_error,
+    first_line_of,
+    source_key,
+)
+from gpumem.core.cells.warnings import (
+    RerunLog,
+    device_warnings,
+    leak_warnings,
+    peak_reset_warnings,
+    variable_warnings,
+)
+from gpumem.core.monitor import Monitor
+from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
+from gpumem.core.sources import Snapshot
+from gpumem.core.units import MIB
+
+__all__ = ["CellTracker"]
+
+
+class CellTracker:
+    """Measures cells against a :class:`~gpumem.core.monitor.Monitor` and keeps their records.
+
+    One cell is measured at a time. ``begin`` resets the allocator's peak counters of the devices
+    in use (unless ``keep_peaks``); ``end`` reads everything again and builds the record, with
+    variable attribution, leak and graph warnings.
+    """
+
+    def __init__(
+        self,
+        monitor: Monitor,
+        *,
+        history_size: int = 10_000,
+        leak_runs: int = 3,
+        leak_min_bytes: int = MIB,
+        leak_tolerance: float = 0.25,
+        attribute_threshold_bytes: int = MIB,
+        holder_finder: HolderFinder | None = None,
+        start_sampler: bool = True,
+        capacity_fraction: float = 0.9,
+    ) -> None:
+        self.monitor = monitor
+        self.leak_runs = leak_runs
+        self.leak_min_bytes = leak_min_bytes
+        self.leak_tolerance = leak_tolerance
+        self.attribute_threshold_bytes = attribute_threshold_bytes
+        self.capacity_fraction = capacity_fraction
+        self._attribution = VariableAttribution(holder_finder if holder_finder is not None else holders_walk(monitor))
+        self.start_sampler = start_sampler
+        self.started_sampler = False  # holds a claim on the monitor's sampler
+        self._lock = threading.Lock()
+        self._history: deque[CellRecord] = deque(maxlen=max(1, history_size))
+        self._count = 0
+        self._active: list[ActiveCell] = []  # more than one only for concurrent (nested or threaded) blocks
+        self._reruns = RerunLog()
+        self._resets = PEAK_RESETS
+        self._listeners: list[Callable[[CellRecord], None]] = []
+        self._listening = False
+        self._closed = False
+
+    # Attribution settings -------------------------------------------------------------------------
+    @property
+    def holder_finder(self) -> HolderFinder:
+        """Who holds what: ``(namespace, device, names) -> holders report``."""
+        return self._attribution.holder_finder
+
+    @holder_finder.setter
+    def holder_finder(self, finder: HolderFinder) -> None:
+        self._attribution.holder_finder = finder
+
+    @property
+    def incremental(self) -> bool:
+        """Automatic mode walks only the names whose value changed."""
+        return self._attribution.incremental
+
+    @incremental.setter
+    def incremental(self, value: bool) -> None:
+        self._attribution.incremental = value
+
+    @property
+    def walks(self) -> dict[str, int]:
+        """How many namespace walks were made, "full" and of "changed names" only."""
+        return self._attribution.walks
+
+    # History --------------------------------------------------------------------------------------
+    @property
+    def history(self) -> tuple[CellRecord, ...]:
+        with self._lock:
+            return tuple(self._history)
+
+    @property
+    def history_size(self) -> int:
+        return self._history.maxlen or 0
+
+    @history_size.setter
+    def history_size(self, value: int) -> None:
+        with self._lock:
+            self._history = deque(self._history, maxlen=max(1, value))
+
+    def clear_history(self) -> None:
+        with self._lock:
+            self._history.clear()
+            self._reruns.clear()
+
+    @property
+    def active(self) -> ActiveCell | None:
+        """The cell measured now (the innermost, for nested blocks)."""
+        with self._lock:
+            return self._active[-1] if self._active else None
+
+    def add_listener(self, listener: Callable[[CellRecord], None]) -> None:
+        """Call ``listener(record)`` after every measured cell (on the thread that ended it)."""
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[CellRecord], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def close(self) -> None:
+        """Detach from the sampler and release this tracker's claim on it (it stops if no one else needs it)."""
+        self._closed = True
+        if self._listening:
+            self.monitor.sampler.remove_listener(self._on_sample)
+            self._listening = False
+        self.release_sampler()
+        with self._lock:
+            for cell in self._active:
+                cell.finished = True
+            self._active.clear()
+        self._resets.release()
+
+    def release_sampler(self) -> None:
+        """Give up this tracker's claim on the sampler; the next measured cell claims it again."""
+        if self.started_sampler:
+            self.monitor.release(self)
+            self.started_sampler = False
+
+    # Measuring ------------------------------------------------------------------------------------
+    def begin(
+        self,
+        source: str,
+        *,
+        options: CellOptions | None = None,
+        execution_count: int | None = None,
+        namespace: Mapping[str, Any] | None = None,
+        concurrent: bool = False,
+    ) -> ActiveCell:
+        """Start measuring a cell. With ``options.attribute`` and a namespace, first record who holds what.
+
+        A cell still running here is taken as one whose end was never reported and is ended with an
+        error, unless ``concurrent`` (blocks that nest or run on several threads, ``gpumem.measure``).
+        While any other measurement runs in the process, the peak counters are left alone
+        (``keep_peaks``), so that the other's peak stays exact.
+        """
+        options = options or CellOptions()
+        if not concurrent:
+            for stale in self._active_cells():
+                self.end(stale, error=RuntimeError("the end of this cell was never reported"))
+        cell = ActiveCell(source, options, execution_count)
+        RUNNING.add(cell)
+        if not options.keep_peaks and RUNNING.others_running(cell):
+            cell.options = options._replace(keep_peaks=True)
+        try:
+            self._start(cell, namespace)
+        except BaseException:
+            cell.finished = True  # a start that failed must not keep other cells from resetting peaks
+            raise
+        cell.started_perf_s = time.perf_counter()
+        return cell
+
+    def _start(self, cell: ActiveCell, namespace: Mapping[str, Any] | None) -> None:
+        """Read the start of ``cell`` and reset the raised peak counters it is measured by."""
+        options = cell.options
+        if options.attribute and options.mode == "magic" and namespace is not None:
+            cell.baseline = self._attribution.at_start(namespace, options.devices)
+        memory = self.monitor.source
+        start = self.monitor.snapshot()
+        self._ensure_sampling()
+        reset: list[int] = []
+        if not options.keep_peaks:
+            reset = reset_raised_peaks(
+                memory, (reading for reading in start.allocator if selected(reading.device, options.devices))
+            )
+        cell.start = start
+        cell.reset_devices = frozenset(reset)
+        self._resets.install()
+        cell.resets_at_start = self._resets.snapshot()
+        cell.take_sample(start)
+        if cell.execution_count is not None:
+            self.monitor.mark(f"[{cell.execution_count}]", start.monotonic_s)
+        with self._lock:
+            self._active.append(cell)
+
+    def end(
+        self,
+        cell: ActiveCell,
+        *,
+        error: BaseException | None = None,
+        namespace: Mapping[str, Any] | None = None,
+        execution_count: int | None = None,
+        options: CellOptions | None = None,
+        hidden: Mapping[str, Any] | None = None,
+    ) -> CellRecord:
+        """Finish measuring ``cell`` and record it. ``options`` may replace the ones given to begin
+        (a ``%%gpumem`` found inside an automatically measured cell), except for ``keep_peaks``.
+        ``hidden`` names references the host keeps for the user (``{"Out[7]": value}``)."""
+        duration_s = time.perf_counter() - cell.started_perf_s
+        end = self.monitor.snapshot()
+        with self._lock:
+            cell.finished = True
+            if cell in self._active:
+                self._active.remove(cell)
+        cell.take_sample(end)
+        start = cell.start
+        assert start is not None
+        options = (options or cell.options)._replace(keep_peaks=cell.options.keep_peaks)
+        status, error_text = classify_error(error)
+        count = execution_count if execution_count is not None else cell.execution_count
+        devices = device_changes(cell, start, end, options.devices, self._resets)
+        host = host_change(cell, start, end)
+        key = source_key(cell.source)
+        warnings = self._figure_warnings(key, devices, end, status)
+        variables = self._variables(cell, namespace, options, count, devices, hidden)
+        warnings += variable_warnings(variables.changes, variables.graph_paths)
+        draft = CellRecord(
+            serial=0,  # numbered when kept
+            execution_count=count,
+            first_line=first_line_of(cell.source),
+            source_hash=key,
+            started_wall_s=cell.started_wall_s,
+            duration_s=duration_s,
+            status=status,
+            error=error_text,
+            devices=devices,
+            host=host,
+            variables=variables.changes,
+            variables_note=variables.note,
+            warnings=tuple(warnings),
+            cuda_note=cuda_note(options.devices, devices, end, self.monitor.status),
+            keep_peaks=options.keep_peaks,
+            mode=options.mode,
+            quiet=options.quiet,
+        )
+        with self._lock:
+            self._count += 1
+            record = draft._replace(serial=self._count)
+            self._history.append(record)
+        self._resets.release()
+        self._tell_listeners(record)
+        return record
+
+    # Internals ------------------------------------------------------------------------------------
+    def _figure_warnings(
+        self, key: str, devices: Sequence[DeviceChange], end: Snapshot, status: str
+    ) -> list[CellWarning]:
+        """Peak counters reset, devices nearly full or fragmented, and growth alike on every re-run."""
+        warnings = peak_reset_warnings(devices) + device_warnings(devices, end, self.capacity_fraction)
+        runs_total, recent = self._reruns.add(key, devices, status, self.leak_runs)
+        if recent is None:
+            return warnings
+        return warnings + leak_warnings(
+            devices,
+            recent,
+            runs_total,
+            runs=self.leak_runs,
+            min_bytes=self.leak_min_bytes,
+            tolerance=self.leak_tolerance,
+        )
+
+    def _variables(
+        self,
+        cell: ActiveCell,
+        namespace: Mapping[str, Any] | None,
+        options: CellOptions,
+        count: int | None,
+        devices: Sequence[DeviceChange],
+        hidden: Mapping[str, Any] | None,
+    ) -> VariableReport:
+        threshold = self.attribute_threshold_bytes
+        if devices and namespace is not None and should_attribute(options, devices, threshold):
+            return self._attribution.variable_changes(
+                cell.baseline, namespace, options, count, devices, hidden, threshold
+            )
+        return VariableReport((), not_inspected_note(options, devices, namespace, threshold), ())
+
+    def _tell_listeners(self, record: CellRecord) -> None:
+        """A listener that raises is dropped: one broken listener must not break every cell."""
+        for listener in list(self._listeners):
+            if not _delivered(listener, record):
+                self._listeners.remove(listener)
+
+    def _ensure_sampling(self) -> None:
+        if self._closed:
+            return
+        if not self._listening:
+            self.monitor.sampler.add_listener(self._on_sample)
+            self._listening = True
+        if self.start_sampler and not self.started_sampler:
+            self.monitor.acquire(self)  # shared with panels: it stops when the last user releases it
+            self.started_sampler = True
+
+    def _on_sample(self, snapshot: Snapshot) -> None:
+        """Sampler thread: remember the highest values seen while a cell runs (lower bounds for peaks)."""
+        for cell in self._active_cells():
+            cell.take_sample(snapshot)
+
+    def _active_cells(self) -> list[ActiveCell]:
+        with self._lock:
+            return [cell for cell in self._active if not cell.finished]
+
+
+def _delivered(listener: Callable[[CellRecord], None], record: CellRecord) -> bool:
+    try:
+        listener(record)
+    except Exception:
+        return False
+    return True

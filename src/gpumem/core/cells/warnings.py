@@ -1,0 +1,192 @@
+"""What a cell's figures say the user should act on: its warnings.
+
+Each check is a function of the figures; the one thing kept between cells is :class:`RerunLog`, the
+growth of each cell's recent runs, which the leak-on-re-run check reads.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+from gpumem.core.cells.record import STATUS_OK, CellWarning, DeviceChange, VariableChange
+from gpumem.core.peaks import PEAK_RESET_NOTE
+from gpumem.core.sources import Snapshot
+from gpumem.core.units import GIB, format_bytes, format_delta
+
+__all__ = [
+    "RerunLog",
+    "device_warnings",
+    "graph_warning",
+    "leak_warnings",
+    "peak_reset_warnings",
+    "variable_warnings",
+]
+
+_FRAGMENTED_BYTES = GIB  # inactive split blocks below this are not worth a warning
+_FRAGMENTED_SHARE = 4  # ... nor below a quarter of what is reserved
+_REMEMBERED_CELLS = 1_000  # sources whose runs the leak check keeps
+_SHOWN_PATHS = 3  # graph-holding paths (or groups of them) named in the warning
+_GROUPED_FROM = 3  # consecutive elements of one container shown as a range
+_INDEXED = re.compile(r"^(.*)\[(-?\d+)\]$")
+
+
+def peak_reset_warnings(devices: Sequence[DeviceChange]) -> list[CellWarning]:
+    return [
+        CellWarning("peak-reset", f"cuda:{change.device}: {PEAK_RESET_NOTE}")
+        for change in devices
+        if change.peak_note == PEAK_RESET_NOTE
+    ]
+
+
+def device_warnings(devices: Sequence[DeviceChange], end: Snapshot, capacity_fraction: float) -> list[CellWarning]:
+    """Per device: nearly full (NVML, all processes), then much of the reserved memory fragmented."""
+    warnings: list[CellWarning] = []
+    for change in devices:
+        reading = end.device_for(change.device)
+        if reading is not None and reading.total_bytes > 0:
+            fraction = reading.used_bytes / reading.total_bytes
+            if fraction >= capacity_fraction:
+                warnings.append(
+                    CellWarning(
+                        "capacity",
+                        f"cuda:{change.device} is {fraction:.0%} full after this cell "
+                        f"({format_bytes(reading.used_bytes)} of {format_bytes(reading.total_bytes)} used, "
+                        "all processes)",
+                    )
+                )
+        allocator = end.allocator_for(change.device)
+        if allocator is not None:
+            split = allocator.inactive_split_bytes
+            if split >= _FRAGMENTED_BYTES and split >= allocator.reserved_bytes // _FRAGMENTED_SHARE:
+                warnings.append(
+                    CellWarning(
+                        "fragmentation",
+                        f"cuda:{change.device}: {format_bytes(split)} of the "
+                        f"{format_bytes(allocator.reserved_bytes)} reserved is split into unusable fragments; "
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts) avoids this",
+                    )
+                )
+    return warnings
+
+
+class RerunLog:
+    """Per cell source (:func:`~gpumem.core.cells.record.source_key`): how often it ran, and how much
+    each of its recent successful runs grew each device's allocated memory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[str, deque[dict[int, int]]] = OrderedDict()
+        self._counts: dict[str, int] = {}
+
+    def add(
+        self, key: str, devices: Sequence[DeviceChange], status: str, keep: int
+    ) -> tuple[int, list[dict[int, int]] | None]:
+        """Count one run; returns how often ``key`` ran and the growth of its last ``keep`` successful
+        runs, this one included (None when this run failed or used no device: it does not count)."""
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            total = self._counts[key]
+            if status != STATUS_OK or not devices:
+                return total, None
+            runs = self._runs.get(key)
+            if runs is None:
+                runs = deque(maxlen=max(2, keep))
+                self._runs[key] = runs
+                if len(self._runs) > _REMEMBERED_CELLS:
+                    stale, _ = self._runs.popitem(last=False)
+                    self._counts.pop(stale, None)
+            else:
+                self._runs.move_to_end(key)
+            runs.append({change.device: change.allocated_delta_bytes for change in devices})
+            return total, list(runs)[-keep:]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._runs.clear()
+            self._counts.clear()
+
+
+def leak_warnings(
+    devices: Sequence[DeviceChange],
+    recent: Sequence[dict[int, int]],
+    runs_total: int,
+    *,
+    runs: int,
+    min_bytes: int,
+    tolerance: float,
+) -> list[CellWarning]:
+    """A device whose allocated memory grew alike (within ``tolerance`` of the median, by at least
+    ``min_bytes``) in each of the last ``runs`` runs of the same cell."""
+    if len(recent) < runs:
+        return []
+    warnings: list[CellWarning] = []
+    for change in devices:
+        deltas = [run.get(change.device) for run in recent]
+        growth = [d for d in deltas if d is not None]
+        if len(growth) < runs or min(growth) < min_bytes:
+            continue
+        typical = statistics.median(growth)
+        if max(growth) - min(growth) > tolerance * typical:
+            continue
+        each = ", ".join(format_delta(d) for d in growth)
+        warnings.append(
+            CellWarning(
+                "leak",
+                f"possible leak on re-run: this cell has run {runs_total} times and each of the last "
+                f"{len(growth)} runs left cuda:{change.device} allocated memory higher by about "
+                f"{format_bytes(typical)} ({each}); something it creates outlives the cell "
+                "(a list it appends to, a cache, or IPython's Out history)",
+            )
+        )
+    return warnings
+
+
+def variable_warnings(changes: Sequence[VariableChange], graph_paths: Sequence[str]) -> list[CellWarning]:
+    """Autograd graphs kept alive by variables, and values IPython itself keeps (``Out``, ``_N``)."""
+    warnings = [graph_warning(graph_paths)] if graph_paths else []
+    if any(change.hidden for change in changes):
+        names = ", ".join(change.name for change in changes if change.hidden)
+        warnings.append(
+            CellWarning(
+                "output-cache",
+                f"IPython keeps references to {names}: end the cell with ';' or use %gpumem free --deep",
+            )
+        )
+    return warnings
+
+
+def graph_warning(paths: Sequence[str]) -> CellWarning:
+    groups = _group_indexed_paths(paths)
+    shown = ", ".join(groups[:_SHOWN_PATHS])
+    more = f" and {len(groups) - _SHOWN_PATHS} more" if len(groups) > _SHOWN_PATHS else ""
+    what = (
+        "keeps its whole autograd graph alive (a CUDA tensor with a grad_fn)"
+        if len(paths) == 1
+        else "keep their whole autograd graphs alive (CUDA tensors with a grad_fn)"
+    )
+    return CellWarning(
+        "graph", f"{shown}{more} {what}: store `.item()` for a number or `.detach()` for a tensor instead"
+    )
+
+
+def _group_indexed_paths(paths: Sequence[str]) -> list[str]:
+    """``losses[0]``, ``losses[1]``, ``losses[2]`` -> ``losses[0]`` ... ``losses[2]`` (3 elements)."""
+    groups: list[tuple[str, list[str]]] = []
+    for path in paths:
+        match = _INDEXED.match(path)
+        prefix = match.group(1) if match else None
+        if prefix is not None and groups and groups[-1][0] == prefix:
+            groups[-1][1].append(path)
+        else:
+            groups.append((prefix if prefix is not None else "\0" + path, [path]))
+    shown: list[str] = []
+    for _prefix, members in groups:
+        if len(members) >= _GROUPED_FROM:
+            shown.append(f"`{members[0]}` … `{members[-1]}` ({len(members)} elements)")
+        else:
+            shown.extend(f"`{member}`" for member in members)
+    return shown
