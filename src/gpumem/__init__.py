@@ -63,7 +63,7 @@ def holders(device: str | int | None = "cuda", **options: Any) -> Any:
     from gpumem.core.runtime import ipython_shell
 
     shell = ipython_shell()
-    namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals
+    namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals  # noqa: SLF001 - caller's names
     return find_holders(namespace, device=device, shell=shell, **options)
 
 

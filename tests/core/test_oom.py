@@ -13,6 +13,7 @@ from _harness import run_cell_capture
 torch = pytest.importorskip("torch")
 
 from gpumem.core import oom  # noqa: E402
+from gpumem.ipython.oom import install, uninstall  # noqa: E402
 from gpumem.testing import FakeSource  # noqa: E402
 
 GIB = 1 << 30
@@ -39,11 +40,11 @@ NOT_FRAGMENTED = (
 @pytest.fixture
 def installed(ip: Any) -> Iterator[tuple[Any, FakeSource]]:
     source = FakeSource()
-    oom.install(ip, source=source, holder_device="cpu")
+    install(ip, source=source, holder_device="cpu")
     try:
         yield ip, source
     finally:
-        oom.uninstall(ip)
+        uninstall(ip)
 
 
 def outputs_text(captured: Any) -> str:
@@ -84,13 +85,16 @@ def test_find_oom_error_by_class_message_and_chain() -> None:
     assert oom.find_oom_error(direct) is direct
     legacy = RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB")
     assert oom.find_oom_error(legacy) is legacy
-    try:
+
+    def training() -> None:
         try:
             raise direct
         except torch.OutOfMemoryError as inner:
             raise ValueError("training failed") from inner
-    except ValueError as outer:
-        assert oom.find_oom_error(outer) is direct
+
+    with pytest.raises(ValueError, match="training failed") as chained:
+        training()
+    assert oom.find_oom_error(chained.value) is direct
     assert oom.find_oom_error(ValueError("no")) is None
     assert oom.find_oom_error(None) is None
 
@@ -198,17 +202,17 @@ def test_a_failing_explanation_never_breaks_the_cell(installed: Any, monkeypatch
 
 
 def test_uninstall_removes_the_hooks_and_silences_the_observer(ip: Any) -> None:
-    oom.install(ip, source=FakeSource())
-    oom.install(ip, source=FakeSource())  # idempotent
-    assert ip.events.callbacks["post_run_cell"].count(oom._post_run_cell) == 1
-    oom.uninstall(ip)
-    assert oom._post_run_cell not in ip.events.callbacks["post_run_cell"]
-    assert oom._pre_run_cell not in ip.events.callbacks["pre_run_cell"]
+    explainer = install(ip, source=FakeSource())
+    assert install(ip, source=FakeSource()) is explainer  # idempotent
+    assert ip.events.callbacks["post_run_cell"].count(explainer.post_run_cell) == 1
+    uninstall(ip)
+    assert explainer.post_run_cell not in ip.events.callbacks["post_run_cell"]
+    assert explainer.pre_run_cell not in ip.events.callbacks["pre_run_cell"]
     oom._observer(0, 1, 2, 3)
     assert oom._state.last_observation is None
     _, captured = run_cell_capture(ip, f"import torch\nraise torch.OutOfMemoryError({TORCH2_MESSAGE!r})")
     assert "gpumem" not in outputs_text(captured)
-    oom.uninstall(ip)  # twice is fine
+    uninstall(ip)  # twice is fine
 
 
 def test_no_dangling_then_and_no_row_of_n_a() -> None:

@@ -192,12 +192,12 @@ def test_a_holder_report_reads_as_the_who_table() -> None:
 def test_a_failing_optional_part_is_named_as_the_user_knows_it(
     ip: Any, fake: FakeSource, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpumem.core import oom
+    from gpumem.ipython.oom import OomExplainer
 
-    def broken(shell: Any) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("hook refused")
 
-    monkeypatch.setattr(oom, "install", broken)
+    monkeypatch.setattr(OomExplainer, "__init__", broken)
     set_default_monitor(Monitor(fake))
     try:
         assert ip.run_cell("%load_ext gpumem").success

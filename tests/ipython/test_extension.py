@@ -16,7 +16,9 @@ from IPython.core.error import UsageError
 from _harness import JupyterEnv, make_notebook, run_cell_capture, run_notebook
 from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
-from gpumem.ipython.magics import GpuMemMagic, rewrite_cell_header
+from gpumem.ipython.cell_magic import HeaderTransformer
+from gpumem.ipython.hooks import CellHooks
+from gpumem.ipython.magics import GpuMemMagics
 from gpumem.testing import FakeSource
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -41,7 +43,7 @@ def our_hooks(shell: Any) -> list[Any]:
         callback
         for callbacks in shell.events.callbacks.values()
         for callback in callbacks
-        if isinstance(getattr(callback, "__self__", None), _extension.ExtensionState)
+        if isinstance(getattr(callback, "__self__", None), CellHooks)
     ]
 
 
@@ -59,9 +61,9 @@ def test_reload_twenty_times_leaves_one_set_of_hooks(ip: Any, fake_monitor: Moni
         assert ip.run_cell("%reload_ext gpumem").success
         assert ip.run_cell("%%gpumem -q\nx = 1").success  # starts the sampler each time
     assert hook_counts(ip) == loaded
-    assert len(our_hooks(ip)) == 2
-    assert ip.input_transformers_cleanup.count(rewrite_cell_header) == 1
-    assert isinstance(ip.magics_manager.magics["line"]["gpumem"], GpuMemMagic)
+    assert len(our_hooks(ip)) == 2 and our_hooks(ip)[0].__self__ is _extension.get_hooks()
+    assert sum(isinstance(t, HeaderTransformer) for t in ip.input_transformers_cleanup) == 1
+    assert isinstance(ip.magics_manager.magics["line"]["gpumem"].__self__, GpuMemMagics)
     assert sum(type(c).__name__ == "GpuMem" for c in ip.configurables) == 1
     assert len(sampler_threads()) == 1
     state = _extension.get_state()
@@ -73,9 +75,11 @@ def test_reload_twenty_times_leaves_one_set_of_hooks(ip: Any, fake_monitor: Moni
     assert ip.input_transformers_cleanup == transformers_before
     assert "gpumem" not in ip.magics_manager.magics["line"]
     assert "gpumem" not in ip.magics_manager.magics["cell"]
+    assert "GpuMemMagics" not in ip.magics_manager.registry
+    assert not any(isinstance(c, GpuMemMagics) for c in ip.configurables)
     assert not any(type(c).__name__ == "GpuMem" for c in ip.configurables)
     assert sampler_threads() == []
-    assert _extension.get_state() is None
+    assert _extension.get_state() is None and _extension.get_hooks() is None
     result, _cap = run_cell_capture(ip, "%gpumem status")
     assert isinstance(result.error_in_exec, UsageError)
     # Without the extension a %%gpumem cell is an ordinary unknown cell magic, not silently stripped.
@@ -93,6 +97,24 @@ def test_loading_twice_and_unloading_twice_change_nothing(ip: Any, fake_monitor:
     unload_ipython_extension(ip)
     unload_ipython_extension(ip)
     assert our_hooks(ip) == [] and _extension.get_state() is None
+
+
+def test_the_loaded_hooks_explain_an_out_of_memory_error_once(ip: Any, fake_monitor: Monitor) -> None:
+    pytest.importorskip("torch")
+    from gpumem.core import oom
+
+    observers = oom._state.observers
+    assert ip.run_cell("%load_ext gpumem").success
+    try:
+        assert oom._state.observers == observers + 1
+        cell = "import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)')"
+        result, cap = run_cell_capture(ip, cell)
+        assert type(result.error_in_exec).__name__ == "OutOfMemoryError"
+        explained = [o for o in cap.outputs if "gpumem: CUDA out of memory on cuda:0" in o.data["text/plain"]]
+        assert len(explained) == 1 and "requested 2.0 GiB" in explained[0].data["text/plain"]
+    finally:
+        assert ip.run_cell("%unload_ext gpumem").success
+    assert oom._state.observers == observers
 
 
 def test_on_unload_callbacks_run_and_failures_are_one_line(
@@ -189,7 +211,8 @@ def test_loading_imports_no_widget_pandas_or_torch() -> None:
         "IPYTHONDIR": str(Path(SRC).parent / ".pytest_cache" / "ipython"),
         "PATH": "",
     }
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    command = [sys.executable, "-c", code]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

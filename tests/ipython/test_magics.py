@@ -380,7 +380,7 @@ def test_status(shell: Any) -> None:
 
 
 def test_sizes() -> None:
-    from gpumem.ipython.magics import parse_size
+    from gpumem.ipython.arguments import parse_size
 
     assert parse_size("64MiB") == 64 * MIB
     assert parse_size("1 GiB") == GIB

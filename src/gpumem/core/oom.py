@@ -3,12 +3,13 @@
 The figures come from PyTorch's out-of-memory observer when it is available (called with the device,
 the requested size and the device's total and free memory just before the error is raised), else from
 the error message, which has stated allocated and reserved-but-unallocated memory since torch 1.x.
-The holders of the device's memory come from :mod:`gpumem.core.holders`. torch is never imported here.
+The holders of the device's memory come from :mod:`gpumem.core.holders`. torch is never imported here,
+and neither is IPython: :mod:`gpumem.ipython.oom` calls :func:`explain_if_oom` after each cell and
+shows the report.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
@@ -19,7 +20,20 @@ from typing import Any, NamedTuple
 from gpumem.core.runtime import cuda_source
 from gpumem.core.units import format_bytes
 
-__all__ = ["OomReport", "explain", "find_oom_error", "install", "parse_oom_message", "render_html", "render_text"]
+__all__ = [
+    "OomObservation",
+    "OomReport",
+    "attach_observer",
+    "explain",
+    "explain_if_oom",
+    "find_oom_error",
+    "observation_since",
+    "parse_oom_message",
+    "render_html",
+    "render_text",
+    "start_observing",
+    "stop_observing",
+]
 
 FREE_COMMAND = "%gpumem free --deep"
 
@@ -111,6 +125,9 @@ def parse_oom_message(message: str) -> OomFigures:
     )
 
 
+_MAX_CHAIN = 32  # causes and contexts followed at most (a chain can loop)
+
+
 def find_oom_error(error: BaseException | None) -> BaseException | None:
     """The CUDA out-of-memory error in ``error`` or its cause / context chain, else None."""
     torch = sys.modules.get("torch")
@@ -124,7 +141,7 @@ def find_oom_error(error: BaseException | None) -> BaseException | None:
     )
     seen: set[int] = set()
     current = error
-    while current is not None and id(current) not in seen and len(seen) < 32:
+    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
         seen.add(id(current))
         if oom_types and isinstance(current, oom_types):
             return current
@@ -172,22 +189,12 @@ def explain(
     fragmentation = bool(
         requested is not None and unallocated is not None and unallocated >= requested and unallocated > 0
     )
-    report_holders = None
     if namespace is None and shell is not None:
         namespace = getattr(shell, "user_ns", None)
+    report_holders = None
     if namespace is not None:
-        from gpumem.core.holders import find_holders
-
-        try:
-            report_holders = find_holders(
-                namespace,
-                device=holder_device or (f"cuda:{device}" if device is not None else "cuda"),
-                shell=shell,
-                time_budget_s=time_budget_s,
-                source=source,
-            )
-        except Exception:
-            report_holders = None
+        device_name = holder_device or (f"cuda:{device}" if device is not None else "cuda")
+        report_holders = _holders(namespace, device_name, shell, source, time_budget_s)
     advice = _advice(requested, total, free_bytes, unallocated, fragmentation, report_holders, str(error))
     return OomReport(
         device=device,
@@ -202,6 +209,16 @@ def explain(
         holders=report_holders,
         source_of_figures=origin,
     )
+
+
+def _holders(namespace: Any, device: str, shell: Any, source: Any, time_budget_s: float) -> Any:
+    """The holders of ``device``'s memory (a HolderReport), or None if looking for them failed."""
+    from gpumem.core.holders import find_holders
+
+    try:
+        return find_holders(namespace, device=device, shell=shell, time_budget_s=time_budget_s, source=source)
+    except Exception:
+        return None
 
 
 def _allocator_reading(source: Any, device: int) -> Any:
@@ -334,6 +351,15 @@ def render_text(report: OomReport, *, limit: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _html_row(row: Any) -> str:
+    from gpumem.core.holders import _escape
+
+    return (
+        f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
+        f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
+    )
+
+
 def render_html(report: OomReport, *, limit: int = 5) -> str:
     from gpumem.core.holders import _escape
 
@@ -348,18 +374,10 @@ def render_html(report: OomReport, *, limit: int = 5) -> str:
     hidden = [row for row in holders.hidden if row.nbytes][:limit] if holders is not None else []
     if named or hidden:
         parts.append("<table><tbody>")
-        for row in named:
-            parts.append(
-                f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
-                f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
-            )
+        parts.extend(_html_row(row) for row in named)
         if hidden:
             parts.append("<tr><td colspan=3><b>Held by IPython</b></td></tr>")
-            for row in hidden:
-                parts.append(
-                    f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
-                    f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
-                )
+            parts.extend(_html_row(row) for row in hidden)
         parts.append("</tbody></table>")
     if report.advice:
         parts.append("<ul>" + "".join(f"<li>{_escape(item)}</li>" for item in report.advice) + "</ul>")
@@ -368,37 +386,35 @@ def render_html(report: OomReport, *, limit: int = 5) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# IPython hook and PyTorch observer
+# PyTorch's out-of-memory observer
 # ----------------------------------------------------------------------------------------------
 
 
-class _State:
+class _ObserverState:
+    """PyTorch cannot detach an observer: ours is attached once per process and records only while observed."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.shell: Any = None
-        self.source: Any = None
-        self.holder_device: str | None = None
-        self.active = False
-        self.observer_attached = False
+        self.attached = False
+        self.observers = 0  # start_observing() calls not yet matched by stop_observing()
         self.last_observation: OomObservation | None = None
-        self.cell_started_s = 0.0
 
 
-_state = _State()
+_state = _ObserverState()
 
 
 def _observer(device: int, alloc: int, device_total: int, device_free: int) -> None:
     """Called by PyTorch just before it raises OutOfMemoryError: store numbers only, allocate nothing on GPU."""
-    if not _state.active:
+    if _state.observers <= 0:
         return
     _state.last_observation = OomObservation(
         int(device), int(alloc), int(device_total), int(device_free), time.monotonic()
     )
 
 
-def _attach_observer() -> None:
-    """Attach once CUDA is initialized (before that the allocator has no device to attach to)."""
-    if _state.observer_attached:
+def attach_observer() -> None:
+    """Attach once CUDA is initialized (before that the allocator has no device to attach to); cheap to repeat."""
+    if _state.attached:
         return
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
@@ -406,80 +422,50 @@ def _attach_observer() -> None:
     if cuda is None or attach is None or not cuda.is_initialized():
         return
     with _state.lock:
-        if _state.observer_attached:
+        if _state.attached:
             return
         try:
             attach(_observer)
         except Exception:
             return
-        _state.observer_attached = True
+        _state.attached = True
 
 
-def _pre_run_cell(*_args: Any) -> None:
-    _state.cell_started_s = time.monotonic()
-    _attach_observer()
-
-
-def _post_run_cell(result: Any) -> None:
-    """Never raises: a failure to explain must not cost the user their kernel or the original error."""
-    try:
-        error = getattr(result, "error_in_exec", None)
-        oom = find_oom_error(error) if error is not None else None
-        if oom is not None:
-            observation = _state.last_observation
-            if observation is not None and observation.monotonic_s < _state.cell_started_s:
-                observation = None
-            report = explain(
-                oom,
-                observation=observation,
-                shell=_state.shell,
-                source=_state.source,
-                holder_device=_state.holder_device,
-            )
-            _display(render_text(report), render_html(report))
-        _attach_observer()
-    except Exception as failure:
-        print(f"gpumem: could not explain the out-of-memory error ({type(failure).__name__}: {failure})")
-
-
-def _display(text: str, html: str) -> None:
-    import importlib
-
-    display: Any = importlib.import_module("IPython.display").display
-    display({"text/plain": text, "text/html": html}, raw=True)
-
-
-def install(shell: Any, source: Any = None, holder_device: str | None = None) -> None:
-    """Explain CUDA out-of-memory errors beneath the failing cell (idempotent).
-
-    ``source`` supplies allocator figures (the shared monitor's by default); ``holder_device`` widens the
-    holders list beyond the failing device (``"all"``, ``"cpu"``; default: the device that ran out).
-    """
+def start_observing() -> None:
+    """Record PyTorch's out-of-memory figures from now on (until the matching :func:`stop_observing`)."""
     with _state.lock:
-        if _state.active and _state.shell is shell:
-            _state.source = source
-            _state.holder_device = holder_device
-            return
-    if _state.active:
-        uninstall(_state.shell)
-    _state.shell = shell
-    _state.source = source
-    _state.holder_device = holder_device
-    _state.active = True
-    _state.cell_started_s = time.monotonic()
-    shell.events.register("pre_run_cell", _pre_run_cell)
-    shell.events.register("post_run_cell", _post_run_cell)
-    _attach_observer()
+        _state.observers += 1
+    attach_observer()
 
 
-def uninstall(shell: Any) -> None:
-    """Remove the hooks; PyTorch cannot detach an observer, so ours becomes a no-op."""
-    for event, callback in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
-        with contextlib.suppress(ValueError):
-            shell.events.unregister(event, callback)
-    if _state.shell is shell:
-        _state.active = False
-        _state.shell = None
-        _state.source = None
-        _state.holder_device = None
-        _state.last_observation = None
+def stop_observing() -> None:
+    """The last one to stop turns the observer into a no-op and forgets what it recorded."""
+    with _state.lock:
+        _state.observers = max(0, _state.observers - 1)
+        if _state.observers == 0:
+            _state.last_observation = None
+
+
+def observation_since(started_s: float) -> OomObservation | None:
+    """The observer's figures if they were taken at or after ``started_s`` (``time.monotonic()``)."""
+    observation = _state.last_observation
+    if observation is None or observation.monotonic_s < started_s:
+        return None
+    return observation
+
+
+def explain_if_oom(
+    error: BaseException | None,
+    *,
+    started_s: float,
+    shell: Any = None,
+    source: Any = None,
+    holder_device: str | None = None,
+) -> OomReport | None:
+    """The report for a cell that failed with ``error`` and started at ``started_s``, if it ran out of memory."""
+    oom = find_oom_error(error)
+    if oom is None:
+        return None
+    return explain(
+        oom, observation=observation_since(started_s), shell=shell, source=source, holder_device=holder_device
+    )

@@ -7,8 +7,19 @@ from typing import Any
 from gpumem.core.cleanup import free
 from gpumem.core.devices import parse_device
 from gpumem.core.holders import DEFAULT_MAX_DEPTH, find_holders, render_html, render_text
+from gpumem.core.monitor import default_monitor
+from gpumem.ipython.arguments import (
+    UsageError,
+    argument,
+    check_devices_exist,
+    display,
+    magic_arguments,
+    parse_argstring,
+)
 
 __all__ = ["magic_free", "magic_who"]
+
+_TOP_HOLDERS = 20
 
 
 def magic_who(shell: Any, line: str) -> None:
@@ -19,67 +30,36 @@ def magic_who(shell: Any, line: str) -> None:
     --all lists every holder instead of the top 20; --cycles also runs one garbage collection to find
     (and free) tensors that only reference cycles keep alive.
     """
-    from IPython.core.error import UsageError
-
-    options = _parse_who(line)
     try:
+        options = _who_options(line)
         report = find_holders(
             shell.user_ns, device=options.device, shell=shell, max_depth=options.depth, cycles=options.cycles
         )
-    except ValueError as error:
+    except (UsageError, ValueError) as error:
         raise UsageError(f"%gpumem who: {error}") from None
-    limit = 10**9 if options.show_all else 20
-    _display(render_text(report, limit=limit), render_html(report, limit=limit))
+    limit = 10**9 if options.show_all else _TOP_HOLDERS
+    display(text=render_text(report, limit=limit), html=render_html(report, limit=limit))
 
 
-def _parse_who(line: str) -> Any:
-    """Options of ``%gpumem who``, parsed by IPython's magic_arguments (bad input raises UsageError)."""
-    import importlib
+# The options live on their own function so that the help above stays the hand-written summary.
+@magic_arguments("who")
+@argument("-d", "--device", default="cuda", help="cuda (every CUDA device), cuda:N or N, cpu or all")
+@argument("--all", dest="show_all", action="store_true", help="list every holder, not only the top 20")
+@argument("--depth", type=int, default=DEFAULT_MAX_DEPTH, help="how deep to look inside containers/objects")
+@argument("--cycles", action="store_true", help="also find (and free) tensors kept only by reference cycles")
+def _who_arguments(line: str) -> None:
+    """%gpumem who"""
 
-    from IPython.core.error import UsageError
 
-    magic_args: Any = importlib.import_module("IPython.core.magic_arguments")
-    argument = magic_args.argument
-
-    def who(line: str) -> None:
-        """%gpumem who"""
-
-    parser_owner: Any = who
-    for decorator in (
-        argument("--cycles", action="store_true", help="also find (and free) tensors kept only by reference cycles"),
-        argument("--depth", type=int, default=DEFAULT_MAX_DEPTH, help="how deep to look inside containers/objects"),
-        argument("--all", dest="show_all", action="store_true", help="list every holder, not only the top 20"),
-        argument("-d", "--device", default="cuda", help="cuda (every CUDA device), cuda:N or N, cpu or all"),
-        magic_args.magic_arguments(),
-    ):
-        parser_owner = decorator(parser_owner)
-    from gpumem.ipython.magics import parse_argstring
-
-    try:
-        options = parse_argstring(parser_owner, line)
-    except UsageError as error:
-        raise UsageError(f"%gpumem who: {error}") from None
+def _who_options(line: str) -> Any:
+    """Options of ``%gpumem who``, checked (bad input raises UsageError; a bad device name ValueError)."""
+    options = parse_argstring(_who_arguments, line)
     if options.depth < 1:
-        raise UsageError(f"%gpumem who: --depth takes a whole number >= 1, got {options.depth}")
-    try:
-        kind, index = parse_device(options.device)
-    except ValueError as error:
-        raise UsageError(f"%gpumem who: {error}") from None
+        raise UsageError(f"--depth takes a whole number >= 1, got {options.depth}")
+    kind, index = parse_device(options.device)
     if kind == "cuda" and index is not None:
-        from gpumem.ipython.magics import check_devices_exist
-
-        try:
-            check_devices_exist((index,))
-        except UsageError as error:
-            raise UsageError(f"%gpumem who: {error}") from None
+        check_devices_exist((index,), default_monitor().source)  # the source find_holders reads
     return options
-
-
-def _display(text: str, html: str) -> None:
-    import importlib
-
-    display: Any = importlib.import_module("IPython.display").display
-    display({"text/plain": text, "text/html": html}, raw=True)
 
 
 def magic_free(shell: Any, line: str) -> None:
@@ -90,27 +70,14 @@ def magic_free(shell: Any, line: str) -> None:
     to tensors: output-cache entries (Out[N], _N, _, __, ___) whose value holds tensors, and the last
     exception's frames (sys.last_traceback, the traceback handler's copy). Your own names are never touched.
     """
-    import importlib
-
-    from IPython.core.error import UsageError
-
-    magic_args: Any = importlib.import_module("IPython.core.magic_arguments")
-
-    def free_options(line: str) -> None:
-        """%gpumem free"""
-
-    parser_owner: Any = free_options
-    for decorator in (
-        magic_args.argument("--deep", action="store_true", help="also drop IPython's references to tensors"),
-        magic_args.magic_arguments(),
-    ):
-        parser_owner = decorator(parser_owner)
-    from gpumem.ipython.magics import parse_argstring
-
     try:
-        options = parse_argstring(parser_owner, line)
+        options = parse_argstring(_free_arguments, line)
     except UsageError as error:
         raise UsageError(f"%gpumem free: {error}") from None
-    result = free(deep=options.deep, shell=shell)
-    display: Any = importlib.import_module("IPython.display").display
-    display({"text/plain": result.describe()}, raw=True)
+    display(text=free(deep=options.deep, shell=shell).describe())
+
+
+@magic_arguments("free")
+@argument("--deep", action="store_true", help="also drop IPython's references to tensors")
+def _free_arguments(line: str) -> None:
+    """%gpumem free"""

@@ -5,10 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from IPython.core import magic_arguments as _magic_args
-from IPython.core.error import UsageError
-
 from gpumem.core.devices import parse_cuda_device as parse_device
+from gpumem.core.monitor import default_monitor
+from gpumem.ipython.arguments import (
+    UsageError,
+    argument,
+    check_devices_exist,
+    display,
+    magic_arguments,
+    parse_argstring,
+)
 from gpumem.panel.frame import DEFAULT_RATE_HZ, parse_rate, parse_threshold, parse_window
 from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
 
@@ -20,24 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["magic_monitor", "magic_sidebar"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
-    """IPython's ``magic_arguments.argument``, typed."""
-    return _magic_args.argument(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-
-def magic_arguments(name: str) -> Callable[[_F], _F]:
-    """IPython's ``magic_arguments.magic_arguments``, typed."""
-    return _magic_args.magic_arguments(name)  # type: ignore[no-untyped-call]
-
-
-def parse_argstring(func: Callable[..., Any], line: str) -> Namespace:
-    """Parse ``line`` with the options ``func`` declares; bad input raises IPython's UsageError."""
-    from gpumem.ipython.magics import parse_argstring as parse
-
-    namespace: Namespace = parse(func, line)
-    return namespace
 
 
 def _panel_arguments(func: _F) -> _F:
@@ -88,10 +76,7 @@ def _panel_options(args: Namespace) -> dict[str, Any]:
 def _check_device(options: dict[str, Any]) -> None:
     """A device CUDA does not have is a usage error, as for %%gpumem (unknown until CUDA starts)."""
     if options["device"] is not None:
-        from gpumem.core.monitor import default_monitor
-        from gpumem.ipython.magics import check_devices_exist
-
-        check_devices_exist((options["device"],), default_monitor().source)
+        check_devices_exist((options["device"],), default_monitor().source)  # the source the panel reads
 
 
 def _has_kernel(shell: Any) -> bool:
@@ -124,11 +109,9 @@ def magic_monitor(shell: Any, line: str) -> None:
     if not _has_kernel(shell):
         print(_NO_KERNEL)
         return
-    from IPython.display import display
-
     from gpumem.panel.widget import Panel
 
-    display(Panel(shell=shell, **options))  # type: ignore[no-untyped-call]
+    display(Panel(shell=shell, **options))
 
 
 @magic_arguments(name="gpumem sidebar")
@@ -171,8 +154,6 @@ _DEFAULTS: dict[str, Any] = {
 
 
 def _show_inline(panel: Panel, note: str) -> None:
-    from IPython.display import display
-
     print(note)
-    display(panel)  # type: ignore[no-untyped-call]
+    display(panel)
 

@@ -1,0 +1,142 @@
+"""What every magic and hook shares: IPython's magic markers and ``magic_arguments``, typed; option
+values checked into one-line ``UsageError``s; the display helper; the one-line complaint.
+
+IPython's decorators are untyped (or typed loosely); wrapping them here keeps ``mypy --strict``
+meaningful everywhere else. Nothing here imports more than IPython's magic machinery.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from IPython.core import magic as _magic
+from IPython.core import magic_arguments as _magic_arguments
+from IPython.core.error import UsageError
+
+from gpumem.core import units
+from gpumem.core.devices import describe_devices, parse_cuda_indices
+from gpumem.core.sources import MemorySource
+
+__all__ = [
+    "UsageError",
+    "argument",
+    "check_devices_exist",
+    "complain",
+    "display",
+    "line_cell_magic",
+    "magic_arguments",
+    "magics_class",
+    "parse_argstring",
+    "parse_devices",
+    "parse_size",
+    "split_arguments",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_C = TypeVar("_C", bound=type)
+_untyped_arguments: Any = _magic_arguments
+
+
+# IPython's decorators ---------------------------------------------------------------------------
+
+
+def magics_class(cls: _C) -> _C:
+    """IPython's ``@magics_class``: records the marked methods of a Magics subclass."""
+    return _magic.magics_class(cls)
+
+
+def line_cell_magic(func: _F) -> _F:
+    """IPython's ``@line_cell_magic`` method marker (``%name`` and ``%%name``), typed."""
+    return cast("_F", _magic.line_cell_magic(func))
+
+
+def magic_arguments(name: str) -> Callable[[_F], _F]:
+    """IPython's ``@magic_arguments``: the options below it become ``func.parser`` and its help."""
+    decorator: Callable[[_F], _F] = _untyped_arguments.magic_arguments(name)
+    return decorator
+
+
+def argument(*args: Any, **kwargs: Any) -> Callable[[_F], _F]:
+    """IPython's ``@argument`` (``argparse.add_argument``'s parameters)."""
+    decorator: Callable[[_F], _F] = _untyped_arguments.argument(*args, **kwargs)
+    return decorator
+
+
+def split_arguments(line: str) -> list[str]:
+    """Split an option line like IPython does, without the quotes around a quoted argument.
+
+    IPython's own splitting keeps them on POSIX, so ``--csv "my file.csv"`` would name a file whose
+    name starts with a quote; unbalanced quotes are a UsageError rather than a traceback.
+    """
+    from IPython.utils.process import arg_split  # type: ignore[attr-defined]
+
+    try:
+        tokens: list[str] = arg_split(line, strict=True)
+    except ValueError as error:
+        raise UsageError(f"cannot split the options {line.strip()!r}: {error}") from None
+    return [_unquote(token) for token in tokens]
+
+
+def _unquote(token: str) -> str:
+    if len(token) > 1 and token[0] == token[-1] and token[0] in "'\"":
+        return token[1:-1]
+    return token
+
+
+def parse_argstring(magic: Callable[..., Any], line: str) -> Any:
+    """Parse ``line`` with the parser ``@magic_arguments`` built on ``magic`` (bad input: UsageError)."""
+    return magic.parser.parse_args(split_arguments(line))  # type: ignore[attr-defined]
+
+
+# Option values ----------------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int:
+    """A memory size such as ``64MiB`` (see :func:`gpumem.core.units.parse_size`); bad input is a UsageError."""
+    try:
+        return units.parse_size(text)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def parse_devices(text: str) -> tuple[int, ...]:
+    """``'0,1'``, ``'cuda:1'`` -> device indices (a bad name is a UsageError)."""
+    try:
+        return parse_cuda_indices(text)
+    except ValueError:
+        raise UsageError(f"--device expects CUDA device indices such as 0 or 0,1 or cuda:1, not {text!r}") from None
+
+
+def check_devices_exist(devices: tuple[int, ...], source: MemorySource) -> None:
+    """Reject indices past the devices ``source`` reports (only knowable once CUDA is initialized)."""
+    try:
+        visible = tuple(source.cuda_devices())
+    except Exception:
+        return
+    missing = [device for device in devices if device not in visible]
+    if visible and missing:
+        listed = ", ".join(f"cuda:{device}" for device in missing)
+        raise UsageError(f"--device {listed}: no such device; this process sees {describe_devices(visible)}")
+
+
+# Showing ----------------------------------------------------------------------------------------
+
+
+def display(obj: object = None, *, text: str | None = None, html: str | None = None) -> None:
+    """Show ``obj`` with IPython's display (its rich repr: HTML in notebooks, text in terminals), or,
+    given ``text`` (and ``html``), exactly those as they are."""
+    from IPython.display import display as ipython_display
+
+    if text is None:
+        ipython_display(obj)  # type: ignore[no-untyped-call]
+        return
+    bundle = {"text/plain": text} if html is None else {"text/plain": text, "text/html": html}
+    ipython_display(bundle, raw=True)  # type: ignore[no-untyped-call]
+
+
+def complain(what: str, error: BaseException) -> None:
+    """One line on stderr for a failure in gpumem's own work, never a traceback over the user's cell."""
+    detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    print(f"gpumem: {what}: {detail}", file=sys.stderr)

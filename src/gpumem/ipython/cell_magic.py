@@ -1,0 +1,156 @@
+"""The ``%%gpumem`` header: its options, the input transformer that runs the body as the cell, and
+running the body when the magic is called as a function.
+
+A ``%%gpumem`` cell is not run by the magic: :class:`HeaderTransformer` drops the ``%%gpumem``
+line, so IPython runs the body as the cell itself (display, ``_``, ``Out``, exceptions, magics and
+top-level ``await`` behave exactly as without it), and the extension's pre/post-run hooks measure
+it. The magic only runs the body itself when it is called some other way
+(``get_ipython().run_cell_magic``, or under another cell magic such as ``%%time``), with
+:func:`run_body`, like ``%%time`` does.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any, NamedTuple
+
+from gpumem.core.cells import CellOptions
+from gpumem.core.sources import MemorySource
+from gpumem.ipython.arguments import (
+    UsageError,
+    argument,
+    check_devices_exist,
+    magic_arguments,
+    parse_argstring,
+    parse_devices,
+)
+
+__all__ = ["CellRequest", "HeaderTransformer", "cell_usage", "parse_cell_options", "run_body", "split_cell_header"]
+
+_HEADER = re.compile(r"%%gpumem(?:[ \t]+(.*?))?[ \t]*\r?\n?\Z")
+
+
+class CellRequest(NamedTuple):
+    """A parsed ``%%gpumem`` line: how to measure, and how much to show."""
+
+    options: CellOptions
+    top: int | None  # None: the configured default
+
+
+@magic_arguments("%gpumem")
+@argument(
+    "-d",
+    "--device",
+    metavar="DEVICES",
+    help="CUDA devices to report and reset, e.g. '0' or '0,1' or 'cuda:1' (default: every device in use)",
+)
+@argument("-q", "--quiet", action="store_true", help="record the cell in the history but show nothing")
+@argument(
+    "-k",
+    "--keep-peaks",
+    action="store_true",
+    help="do not reset PyTorch's peak counters (torch.cuda.max_memory_allocated keeps its value); the peak "
+    "shown is then exact only if the counter rose during the cell, otherwise a sampled lower bound",
+)
+@argument("--top", type=int, metavar="N", help="show at most N variables (default: c.GpuMem.top_variables, 5)")
+@argument("--no-vars", action="store_true", help="do not look for the variables that hold GPU memory")
+def cell_usage(line: str, cell: str | None = None) -> None:
+    """Measure one cell: wall time; per CUDA device in use, PyTorch allocated and reserved memory before ->
+    after, the exact peak above the starting point and the whole-device used memory (NVML); host RSS
+    change and peak; the variables that now hold more GPU memory; warnings (leak on re-run, autograd
+    graph kept alive, device nearly full, fragmentation).
+
+    The body runs exactly as a normal cell. Peaks: by default PyTorch's peak counters are reset when
+    the cell starts, which makes the peak exact but also resets what torch.cuda.max_memory_allocated()
+    returns; --keep-peaks leaves them alone.
+    """
+
+
+def parse_cell_options(line: str, source: MemorySource) -> CellRequest:
+    """Parse the arguments of a ``%%gpumem`` line (raises UsageError with a one-line message).
+
+    ``source`` is the memory source measured, which says which CUDA devices exist.
+    """
+    args = parse_argstring(cell_usage, line)
+    if args.top is not None and args.top < 0:
+        raise UsageError(f"--top must be 0 or more, not {args.top}")
+    devices = parse_devices(args.device) if args.device else None
+    if devices:
+        check_devices_exist(devices, source)
+    options = CellOptions(
+        devices=devices,
+        keep_peaks=bool(args.keep_peaks),
+        attribute=not args.no_vars,
+        mode="magic",
+        quiet=bool(args.quiet),
+    )
+    return CellRequest(options, args.top)
+
+
+def split_cell_header(raw_cell: str) -> tuple[str, str] | None:
+    """``(arguments, body)`` when the cell starts with a ``%%gpumem`` line, else None."""
+    stripped = raw_cell.lstrip(" \t\r\n")
+    if not stripped.startswith("%%gpumem"):
+        return None
+    newline = stripped.find("\n")
+    first, body = (stripped, "") if newline < 0 else (stripped[: newline + 1], stripped[newline + 1 :])
+    match = _HEADER.match(first)
+    if match is None:
+        return None
+    return (match.group(1) or "").strip(), body
+
+
+class HeaderTransformer:
+    """Input transformer: run a ``%%gpumem`` cell's body as the cell itself.
+
+    The header line becomes ``get_ipython().run_line_magic('gpumem', '_cell ARGS')``, on the same
+    line so that traceback line numbers match the cell. For a top-level cell the pre-run hook has
+    already started measuring and that call does nothing; when another magic runs the body
+    (``%%time`` above ``%%gpumem``), it starts the measurement. When the next line is another cell
+    magic the header is only dropped (a cell magic must come first). A header with invalid
+    arguments is left in place: IPython then calls the magic, which reports the error without
+    running the body, as any cell magic would.
+    """
+
+    # The terminal's "is this cell complete?" check must still see the %%gpumem line (a cell magic is
+    # complete at a blank line), so IPython runs this transformer only when the cell is executed.
+    has_side_effects = True
+
+    def __init__(self, source: MemorySource) -> None:
+        self.source = source
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        if not lines or not lines[0].startswith("%%gpumem"):
+            return lines
+        match = _HEADER.match(lines[0])
+        if match is None:
+            return lines
+        arguments = (match.group(1) or "").strip()
+        try:
+            parse_cell_options(arguments, self.source)
+        except UsageError:
+            return lines
+        if len(lines) > 1 and lines[1].startswith("%%"):
+            return lines[1:]
+        call = f"get_ipython().run_line_magic('gpumem', {('_cell ' + arguments).strip()!r})\n"
+        return [call, *lines[1:]]
+
+
+def run_body(shell: Any, body: str) -> Any:
+    """Run ``body`` in the user namespace like ``%%time`` does; returns the last expression's value."""
+    code = shell.transform_cell(body)
+    filename = shell.compile.cache(code, shell.execution_count, raw_code=body)
+    tree = shell.compile.ast_parse(code, filename=filename)
+    tree = shell.transform_ast(tree)
+    last: ast.Expression | None = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, filename, "exec"), shell.user_global_ns, shell.user_ns)  # noqa: S102 - the user's own cell
+    if last is None:
+        return None
+    value = eval(compile(last, filename, "eval"), shell.user_global_ns, shell.user_ns)  # noqa: S307 - as above
+    quiet = getattr(shell.displayhook, "semicolon_at_end_of_expression", None)
+    if quiet is not None and quiet(body):
+        return None
+    return value

@@ -1,0 +1,228 @@
+"""The pre/post_run_cell pair: measure the cells (``%%gpumem`` ones, or all in automatic mode), show
+the report, and explain an out-of-memory error.
+
+IPython calls :meth:`CellHooks.pre_run_cell` before and :meth:`CellHooks.post_run_cell` after every
+cell, also one run from inside another (``get_ipython().run_cell``): a stack pairs them. Nothing
+here raises into IPython: a failure, Ctrl-C included, is one line on stderr and the cell stays the
+user's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
+from gpumem.ipython.arguments import complain, display
+from gpumem.ipython.cell_magic import CellRequest, parse_cell_options, split_cell_header
+from gpumem.ipython.oom import OomExplainer
+from gpumem.ipython.state import ExtensionState
+
+__all__ = ["CellHooks"]
+
+_T = TypeVar("_T")
+
+
+class _Pending(NamedTuple):
+    """One cell between pre_run_cell and post_run_cell; ``request`` is set for a %%gpumem cell."""
+
+    info: Any
+    active: ActiveCell | None
+    request: CellRequest | None
+
+
+# The request of a cell whose measurement could not start (compared by identity).
+_NOT_MEASURED = CellRequest(CellOptions(), None)
+
+
+class CellHooks:
+    """The extension's one pair of cell hooks, and what the ``%%gpumem`` magic asks of the cell running."""
+
+    def __init__(self, state: ExtensionState, oom: OomExplainer | None = None) -> None:
+        self.state = state
+        self.oom = oom  # None where the out-of-memory explanation could not be set up
+        self._stack: list[_Pending] = []
+
+    # The pair -------------------------------------------------------------------------------------
+    def pre_run_cell(self, info: Any) -> None:
+        try:
+            self._begin(info)
+        except (Exception, KeyboardInterrupt) as error:
+            # Not measured, and marked so that the %%gpumem header line does not try (and complain) again.
+            self._stack.append(_Pending(info, None, _NOT_MEASURED))
+            complain("could not start measuring this cell", error)
+        if self.oom is not None:
+            self.oom.pre_run_cell(info)
+
+    def post_run_cell(self, result: Any) -> None:
+        pending = self._pop(result)
+        if pending is not None and pending.active is not None:
+            try:
+                self._finish(pending, result)
+            except (Exception, KeyboardInterrupt) as error:
+                complain("could not finish measuring this cell", error)
+        if self.oom is not None:
+            self.oom.post_run_cell(result)
+
+    def close(self) -> None:
+        """At unload: forget the cells in flight and stop the out-of-memory observer."""
+        self._stack.clear()
+        if self.oom is not None:
+            self.oom.close()
+
+    # Measuring ------------------------------------------------------------------------------------
+    def _begin(self, info: Any) -> None:
+        if self._stack:
+            # A cell run from inside another cell (get_ipython().run_cell): the outer one measures it.
+            self._stack.append(_Pending(info, None, None))
+            return
+        state = self.state
+        raw = getattr(info, "raw_cell", "") or ""
+        request: CellRequest | None = None
+        body = raw
+        header = split_cell_header(raw) if "%%gpumem" in raw[:200] else None
+        if header is not None:
+            try:
+                request = parse_cell_options(header[0], state.monitor.source)
+                body = header[1]
+            except Exception:
+                request = None  # the %%gpumem magic itself reports the bad option, without running the body
+        if request is None and not state.config.auto:
+            self._stack.append(_Pending(info, None, None))
+            return
+        options = request.options if request is not None else state.auto_options()
+        count = int(state.shell.execution_count) - 1 if getattr(info, "store_history", False) else None
+        active = state.tracker.begin(body, options=options, execution_count=count, namespace=state.shell.user_ns)
+        self._stack.append(_Pending(info, active, request))
+
+    def _pop(self, result: Any) -> _Pending | None:
+        if not self._stack:
+            return None
+        info = getattr(result, "info", None)
+        for position in range(len(self._stack) - 1, -1, -1):
+            if self._stack[position].info is info:
+                pending = self._stack[position]
+                del self._stack[position:]
+                return pending
+        top = self._stack[-1]
+        if result is None or getattr(info, "raw_cell", None) == getattr(top.info, "raw_cell", None):
+            # The cell was aborted outside the user's code: IPython reports it with a fresh result object.
+            return self._stack.pop()
+        return None  # an empty cell: IPython skips pre_run_cell for those
+
+    def _finish(self, pending: _Pending, result: Any) -> None:
+        active = pending.active
+        assert active is not None
+        if result is None:
+            error: BaseException | None = RuntimeError("the cell did not complete")
+        else:
+            error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        count = getattr(result, "execution_count", None)
+        if pending.info is not None and not getattr(pending.info, "store_history", False):
+            count = None
+        request = pending.request
+        record = self.state.tracker.end(
+            active,
+            error=error,
+            namespace=self.state.shell.user_ns,
+            execution_count=count,
+            options=request.options if request is not None else None,
+            hidden=self._new_output(count),
+        )
+        self.show(record, request)
+
+    def _new_output(self, count: int | None) -> dict[str, Any] | None:
+        """The cell's entry in IPython's output cache, which keeps its value alive."""
+        outputs = self.state.shell.user_ns.get("Out")
+        if count is None or not isinstance(outputs, dict) or count not in outputs:
+            return None
+        return {f"Out[{count}]": outputs[count]}
+
+    def show(self, record: CellRecord, request: CellRequest | None) -> None:
+        """Full report for %%gpumem; in automatic mode one line, only when it is worth a look."""
+        from gpumem.core.cells.report import CellReport, CellSummary
+
+        if record.quiet:
+            return
+        config = self.state.config
+        if request is not None:
+            display(CellReport(record, request.top if request.top is not None else config.top_variables))
+            return
+        notable = (
+            record.largest_change_bytes() >= config.threshold_bytes
+            or bool(record.warnings)
+            or record.status == STATUS_OUT_OF_MEMORY
+        )
+        if notable:
+            display(CellSummary(record))
+
+    # What the %%gpumem magic asks -----------------------------------------------------------------
+    def running_cell_number(self) -> int | None:
+        """The execution count of the cell running now, if it is stored in the history."""
+        if self._stack and getattr(self._stack[0].info, "store_history", False):
+            return int(self.state.shell.execution_count) - 1
+        return None
+
+    def cell_header_reached(self, request: CellRequest) -> None:
+        """A %%gpumem body starts inside the cell being run: measure that cell as asked, if not yet."""
+        if not self._stack:
+            return
+        outer = self._stack[0]
+        if outer.request is not None:
+            return
+        if outer.active is None:
+            source = getattr(outer.info, "raw_cell", "") or ""
+            try:
+                active = self.state.tracker.begin(
+                    source,
+                    options=request.options,
+                    execution_count=self.running_cell_number(),
+                    namespace=self.state.shell.user_ns,
+                )
+            except (Exception, KeyboardInterrupt) as error:
+                self._stack[0] = outer._replace(request=_NOT_MEASURED)
+                complain("could not start measuring this cell", error)
+                return
+            outer = outer._replace(active=active)
+        self._stack[0] = outer._replace(request=request)
+
+    def measure_body(self, request: CellRequest, body: str, run: Callable[[], _T]) -> _T:
+        """``%%gpumem`` called as a function: ``run()`` the body, measured as asked.
+
+        Inside a cell already measured (``%%time`` above ``%%gpumem`` in automatic mode) that cell
+        is reported with these options instead. The body runs even if measuring cannot start.
+        """
+        if self._adopt(request):
+            return run()
+        state = self.state
+        try:
+            cell = state.tracker.begin(
+                body, options=request.options, execution_count=self.running_cell_number(), namespace=state.shell.user_ns
+            )
+        except (Exception, KeyboardInterrupt) as failure:
+            complain("could not start measuring this cell", failure)
+            return run()  # the user's code runs all the same
+        error: BaseException | None = None
+        try:
+            return run()
+        except BaseException as caught:
+            error = caught
+            raise
+        finally:
+            self._finish_body(cell, error, request)
+
+    def _adopt(self, request: CellRequest) -> bool:
+        for position, pending in enumerate(self._stack):
+            if pending.active is not None:
+                self._stack[position] = pending._replace(request=request)
+                return True
+        return False
+
+    def _finish_body(self, active: ActiveCell, error: BaseException | None, request: CellRequest) -> None:
+        try:
+            record = self.state.tracker.end(
+                active, error=error, namespace=self.state.shell.user_ns, options=request.options
+            )
+            self.show(record, request)
+        except (Exception, KeyboardInterrupt) as failure:
+            complain("could not finish measuring this cell", failure)

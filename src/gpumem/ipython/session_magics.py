@@ -1,0 +1,149 @@
+"""``%gpumem auto``, ``%gpumem history`` and ``%gpumem status``: they act on the loaded extension's
+state (its settings, cell tracker and monitor), which the magics pass in."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpumem.core.units import format_bytes
+from gpumem.ipython.arguments import UsageError, argument, display, magic_arguments, parse_argstring, parse_size
+from gpumem.ipython.state import ExtensionState
+
+__all__ = ["auto_mode_text", "magic_auto", "magic_history", "magic_status"]
+
+
+@magic_arguments("gpumem auto")
+@argument(
+    "switch",
+    nargs="?",
+    type=str.lower,
+    choices=("on", "off"),
+    help="turn automatic mode on or off (omit to see its settings)",
+)
+@argument(
+    "--threshold",
+    metavar="SIZE",
+    help="show a summary line under a cell whose memory changed by at least SIZE (e.g. 64MiB; default 64MiB)",
+)
+@argument(
+    "--vars",
+    choices=("changed", "always", "never"),
+    help="when to look for the variables holding GPU memory: only after cells that changed CUDA allocated "
+    "memory by at least GpuMem.attribute_threshold_bytes (default), after every cell, or never",
+)
+@argument("--keep-peaks", action="store_true", help="leave PyTorch's peak counters alone (sampled peaks)")
+@argument("--reset-peaks", action="store_true", help="reset the peak counters at each cell start (exact peaks)")
+def magic_auto(state: ExtensionState, line: str) -> None:
+    """Measure every cell (quietly): each is recorded in the history; a one-line summary appears under
+    a cell only when it changed memory by at least the threshold or has a warning. The default comes
+    from the IPython config option c.GpuMem.auto.
+    """
+    args = parse_argstring(magic_auto, _SPLIT_SIZE.sub(r"\1\2", line))
+    config = state.config
+    if args.keep_peaks and args.reset_peaks:
+        raise UsageError("choose one of --keep-peaks and --reset-peaks")
+    if args.threshold is not None:
+        config.threshold_bytes = parse_size(args.threshold)
+    if args.vars is not None:
+        config.attribute = args.vars
+    if args.keep_peaks or args.reset_peaks:
+        config.keep_peaks = bool(args.keep_peaks)
+    if args.switch is not None:
+        config.auto = args.switch == "on"
+    print(auto_mode_text(state))
+
+
+# "--threshold 64 MiB" (number and unit as two words) means "--threshold 64MiB".
+_SPLIT_SIZE = re.compile(r"(--threshold(?:=|\s+)[0-9.eE]+)\s+([kKmMgGtT]i?[bB]?|[bB])(?=\s|$)")
+
+
+def auto_mode_text(state: ExtensionState) -> str:
+    config = state.config
+    if not config.auto:
+        return "gpumem automatic mode is off (%gpumem auto on, or %%gpumem on one cell)."
+    peaks = (
+        "peak counters are left alone (--keep-peaks): peaks are sampled lower bounds unless the counter rose"
+        if config.keep_peaks
+        else "PyTorch's peak counters are reset when each cell starts, so peaks are exact but "
+        "torch.cuda.max_memory_allocated() only covers the current cell (--keep-peaks avoids this)"
+    )
+    variables = {
+        "changed": "after cells that changed CUDA allocated memory by at least "
+        f"{format_bytes(config.attribute_threshold_bytes)}",
+        "always": "after every cell",
+        "never": "never",
+    }[config.attribute]
+    return (
+        "gpumem automatic mode is on: every cell is measured and recorded (%gpumem history); a summary line "
+        f"appears under cells that change memory by at least {format_bytes(config.threshold_bytes)} or have a "
+        f"warning. Variables are inspected {variables}; {peaks}."
+    )
+
+
+@magic_arguments("gpumem history")
+@argument("--last", type=int, default=30, metavar="N", help="show the last N cells (default 30)")
+@argument("--all", action="store_true", help="show every recorded cell")
+@argument("--csv", metavar="PATH", help="write the history to a CSV file (one row per cell)")
+@argument("--json", metavar="PATH", help="write the history to a JSON file (one object per cell)")
+@argument("--clear", action="store_true", help="forget the recorded cells")
+def magic_history(state: ExtensionState, line: str) -> None:
+    """Show the measured cells (number, start, duration, status, per-device allocated change and peak,
+    host change, warnings, first line), or export them. In Python, gpumem.history() returns a DataFrame.
+    """
+    from gpumem.core.cells.report import HistoryTable, write_csv, write_json
+
+    args = parse_argstring(magic_history, line)
+    records = state.tracker.history
+    if args.last < 0:
+        raise UsageError(f"--last must be 0 or more, not {args.last}")
+    exported = False
+    for path, writer, kind in ((args.csv, write_csv, "CSV"), (args.json, write_json, "JSON")):
+        if path is None:
+            continue
+        target = Path(path).expanduser()
+        try:
+            writer(records, target)
+        except OSError as error:
+            raise UsageError(f"cannot write {kind} to {str(target)!r}: {error.strerror or error}") from None
+        print(f"wrote {len(records)} cells to {target}")
+        exported = True
+    if args.clear:
+        state.tracker.clear_history()
+        print(f"forgot {len(records)} cells")
+        return
+    if exported:
+        return
+    shown = records if args.all else records[len(records) - args.last :] if args.last else ()
+    display(HistoryTable(shown, total=len(records)))
+
+
+@magic_arguments("gpumem status")
+def magic_status(state: ExtensionState, line: str) -> None:
+    """Show what gpumem can read here (PyTorch allocator, NVML, host), the automatic mode and the sampler."""
+    parse_argstring(magic_status, line)
+    lines = ["gpumem status"]
+    lines.extend(f"  {reader:<8} {status}" for reader, status in state.monitor.status().items())
+    sampler = state.monitor.sampler
+    cost = sampler.cost()
+    rate = f"{sampler.rate_hz:g} Hz"
+    running = f"running at {rate}" if sampler.running else f"stopped ({rate} when running)"
+    if cost.samples:
+        each = f"{cost.mean_s * 1e3:.1f} ms" if cost.mean_s >= _MILLISECOND else f"{cost.mean_s * 1e6:.0f} us"
+        taken = f"{_count(cost.samples, 'sample')} taken, {each} each on average"
+    else:
+        taken = "no samples taken yet"
+    lines.append(f"  sampler  {running}; {taken}")
+    if sampler.last_error:
+        lines.append(f"           the last read failed: {sampler.last_error}")
+    lines.append("  auto     " + auto_mode_text(state).removeprefix("gpumem automatic mode is "))
+    cells = _count(len(state.tracker.history), "cell")
+    lines.append(f"  history  {cells} recorded (keeps up to {state.tracker.history_size:,})")
+    print("\n".join(lines))
+
+
+_MILLISECOND = 1e-3
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"

@@ -1,0 +1,125 @@
+"""The settings (``c.GpuMem.*``) and what one loaded extension owns: its monitor, config and cell tracker.
+
+The hooks and the magics are built around one :class:`ExtensionState`; keeping it apart from
+:mod:`gpumem.ipython.extension` (which builds and wires them) keeps the imports one-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from traitlets import Bool, Enum, Int
+from traitlets.config import Configurable
+
+from gpumem.core.cells import CellOptions, CellTracker
+from gpumem.core.monitor import Monitor
+from gpumem.core.units import MIB
+from gpumem.ipython.arguments import complain
+
+__all__ = ["DEFAULT_TOP", "ExtensionState", "GpuMem"]
+
+DEFAULT_TOP = 5
+
+
+class GpuMem(Configurable):
+    """gpumem settings, e.g. ``c.GpuMem.auto = True`` in ipython_config.py; ``%config GpuMem`` lists them."""
+
+    auto = Bool(False, help="Measure every cell (automatic mode) from the start.").tag(config=True)
+    threshold_bytes = Int(
+        64 * MIB,
+        min=0,
+        help="Automatic mode: show a summary line under a cell whose memory changed by at least this many bytes.",
+    ).tag(config=True)
+    attribute = Enum(
+        ("changed", "always", "never"),
+        "changed",
+        help="Automatic mode: when to look for the variables holding GPU memory (a namespace walk). "
+        "'changed': only after cells that changed CUDA allocated memory by attribute_threshold_bytes.",
+    ).tag(config=True)
+    attribute_threshold_bytes = Int(
+        MIB, min=0, help="Automatic mode: the allocated-memory change that triggers a variable inspection."
+    ).tag(config=True)
+    keep_peaks = Bool(
+        False,
+        help="Automatic mode: do not reset PyTorch's peak counters at each cell start (peaks become sampled "
+        "lower bounds; torch.cuda.max_memory_allocated() keeps covering the whole session).",
+    ).tag(config=True)
+    top_variables = Int(DEFAULT_TOP, min=0, help="Variables listed per cell.").tag(config=True)
+    history_size = Int(10_000, min=1, help="Measured cells kept in the history (oldest dropped first).").tag(
+        config=True
+    )
+    leak_runs = Int(3, min=2, help="Runs of the same cell, each growing memory alike, before a leak warning.").tag(
+        config=True
+    )
+    leak_min_bytes = Int(MIB, min=1, help="Smallest per-run growth that counts towards a leak warning.").tag(
+        config=True
+    )
+
+
+def make_config(shell: Any) -> GpuMem:
+    """The settings from the shell's config; a bad value there is one line, and the defaults apply."""
+    try:
+        return GpuMem(parent=shell)
+    except Exception as error:
+        complain("ignoring the GpuMem configuration", error)
+        return GpuMem()
+
+
+class ExtensionState:
+    """Everything the loaded extension owns; other modules add cleanup with :meth:`on_unload`."""
+
+    def __init__(self, shell: Any, monitor: Monitor, config: GpuMem) -> None:
+        self.shell = shell
+        self.monitor = monitor
+        self.config = config
+        self.tracker = CellTracker(
+            monitor,
+            history_size=config.history_size,
+            leak_runs=config.leak_runs,
+            leak_min_bytes=config.leak_min_bytes,
+            attribute_threshold_bytes=config.attribute_threshold_bytes,
+        )
+        self._unload_callbacks: list[Callable[[], None]] = []
+
+    @property
+    def auto(self) -> bool:
+        return bool(self.config.auto)
+
+    @auto.setter
+    def auto(self, value: bool) -> None:
+        self.config.auto = bool(value)
+
+    def on_unload(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` when the extension is unloaded (latest first; failures are reported, not raised)."""
+        self._unload_callbacks.append(callback)
+
+    def run_unload_callbacks(self) -> None:
+        while self._unload_callbacks:
+            callback = self._unload_callbacks.pop()
+            try:
+                callback()
+            except Exception as error:
+                complain("an unload callback failed", error)
+
+    def config_changed(self, change: Any) -> None:
+        """``%config GpuMem.x = ...`` (observed while loaded): pass the new value to the tracker."""
+        name, value = change["name"], change["new"]
+        if name == "history_size":
+            self.tracker.history_size = value
+        elif name in ("leak_runs", "leak_min_bytes", "attribute_threshold_bytes"):
+            setattr(self.tracker, name, value)
+        if name == "auto":
+            if value:
+                self.warm_up()
+            else:
+                self.tracker.release_sampler()
+
+    def warm_up(self) -> None:
+        """Start sampling now so that opening NVML and psutil happens off the first measured cell."""
+        self.tracker._ensure_sampling()  # noqa: SLF001 - CellTracker has no public way to start sampling yet
+
+    def auto_options(self) -> CellOptions:
+        """How automatic mode measures a cell, from the current settings."""
+        attribute = {"changed": None, "always": True, "never": False}[self.config.attribute]
+        return CellOptions(keep_peaks=self.config.keep_peaks, attribute=attribute, mode="auto")
