@@ -128,7 +128,9 @@ class ShellBench:
             state.tracker.holder_finder = cpu_finder
         with contextlib.redirect_stdout(io.StringIO()):
             self.shell.run_line_magic("gpumem", f"auto on --vars {vars_mode}")
-        for event, hook in (("pre_run_cell", state.pre_run_cell), ("post_run_cell", state.post_run_cell)):
+        hooks = _extension.get_hooks()
+        assert hooks is not None
+        for event, hook in (("pre_run_cell", hooks.pre_run_cell), ("post_run_cell", hooks.post_run_cell)):
             wrapper = self._timed(hook)
             self.shell.events.unregister(event, hook)
             self.shell.events.register(event, wrapper)
