@@ -11,8 +11,9 @@ import time
 from collections.abc import Hashable, Sequence
 from types import TracebackType
 
+from gpumem.core.readings import Snapshot
 from gpumem.core.sampler import DEFAULT_RATE_HZ, Sampler
-from gpumem.core.sources import MemorySource, Snapshot, SystemSource
+from gpumem.core.sources import MemorySource, SystemSource
 from gpumem.core.timeline import DEFAULT_LEVELS, Level, Timeline
 
 __all__ = ["Monitor", "default_monitor", "set_default_monitor"]

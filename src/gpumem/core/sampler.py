@@ -15,7 +15,8 @@ import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
-from gpumem.core.sources import MemorySource, Snapshot
+from gpumem.core.readings import Snapshot
+from gpumem.core.sources import MemorySource
 from gpumem.core.timeline import Timeline
 
 __all__ = ["DEFAULT_RATE_HZ", "Sampler", "SamplerCost", "channels_of"]
