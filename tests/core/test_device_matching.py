@@ -96,6 +96,13 @@ def test_cuda_stops_at_the_first_invalid_entry(nvml, monkeypatch):
     assert source.unavailable_reason() == "no NVIDIA GPU is visible to this process"
 
 
+def test_a_look_alike_digit_ends_the_list_instead_of_breaking_nvml(nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,²,0")
+    source = NvmlSource()
+    assert _mapping(source) == {0: "GPU B"}
+    assert source.unavailable_reason() is None
+
+
 def test_mig_is_said_unsupported(nvml, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-1234")
     source = NvmlSource()

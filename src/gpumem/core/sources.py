@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-# The readings live in gpumem.core.readings; importing them from here keeps working.
+# The readings live in gpumem.core.readings and the CUDA_VISIBLE_DEVICES parser in gpumem.core.devices;
+# importing them from here keeps working.
+from gpumem.core.devices import parse_visible_devices
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 
 __all__ = [
@@ -158,24 +160,6 @@ class TorchAllocatorSource:
 def _torch_built_with_cuda(torch: Any) -> bool:
     version = getattr(getattr(torch, "version", None), "cuda", None)
     return bool(version)
-
-
-def parse_visible_devices(value: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as a list of entries (indices or UUID prefixes); None means all devices.
-
-    CUDA stops at the first invalid entry and so do we; an empty string hides every device.
-    """
-    if value is None:
-        return None
-    entries: list[str] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            break
-        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
-            break
-        entries.append(entry)
-    return entries
 
 
 class NvmlSource:
@@ -362,8 +346,10 @@ class NvmlSource:
 
     def process_on_device(self, device: int) -> bool | None:
         """Whether this process holds a context on the device (None when NVML cannot tell)."""
+        if self._ensure() is None:  # first: in a forked child it drops the parent's handles
+            return None
         handle = self._handles.get(device)
-        if self._ensure() is None or handle is None:
+        if handle is None:
             return None
         nvml = self._nvml
         assert nvml is not None
