@@ -22,12 +22,12 @@ class _Memory(NamedTuple):
 
 
 class _Pci(NamedTuple):
-    busId: str
+    busId: str  # noqa: N815 - pynvml's own field name, which the code under test reads
 
 
 class _Process(NamedTuple):
     pid: int
-    usedGpuMemory: int | None
+    usedGpuMemory: int | None  # noqa: N815 - pynvml's own field name
 
 
 GIB = 1 << 30

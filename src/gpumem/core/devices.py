@@ -19,6 +19,7 @@ __all__ = [
     "parse_visible_devices",
 ]
 
+_LISTED_AT_MOST = 4  # longer lists are described by their first and last device
 _DEVICE = re.compile(r"(cuda|cpu|all|mps|xpu)(?::([0-9]+))?|([0-9]+)", re.ASCII)
 _INDEX = re.compile(r"[0-9]+", re.ASCII)
 
@@ -108,6 +109,6 @@ def describe_devices(indices: Sequence[int]) -> str:
     """``[0, 1]`` -> ``'2 CUDA devices (cuda:0, cuda:1)'``."""
     count = len(indices)
     noun = "CUDA device" if count == 1 else "CUDA devices"
-    if count > 4:
+    if count > _LISTED_AT_MOST:
         return f"{count} {noun} (cuda:{indices[0]} … cuda:{indices[-1]})"
     return f"{count} {noun} ({', '.join(f'cuda:{i}' for i in indices)})"

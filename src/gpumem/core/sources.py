@@ -377,11 +377,14 @@ def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_BUS_ID_FIELDS = 3  # domain:bus:device
+
+
 def _normal_bus_id(bus_id: str) -> str:
     """NVML says ``00000000:1A:00.0``; compare on domain:bus:device in lower case."""
     text = bus_id.lower().split(".")[0]
     parts = text.split(":")
-    if len(parts) == 3:
+    if len(parts) == _BUS_ID_FIELDS:
         domain, bus, dev = parts
         return f"{int(domain, 16):x}:{int(bus, 16):x}:{int(dev, 16):x}"
     return text
