@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import datetime
+import datetime as dt
 import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ from gpumem.core.sampler import DEFAULT_RATE_HZ
 from gpumem.core.sources import NvmlSource, SystemSource, TorchAllocatorSource
 
 
-def per_call_us(call, repeat: int = 20_000) -> float:
+def per_call_us(call: Callable[[], object], repeat: int = 20_000) -> float:
     for _ in range(1_000):
         call()
     best = []
@@ -136,7 +137,7 @@ def main() -> None:
     sampler_cost = [monitor.sampler.cost() for monitor in monitors]
     busy_fraction = sum(c.total_s for c in sampler_cost) / sum(times[gpumem_name])
     result = {
-        "date": datetime.date.today().isoformat(),
+        "date": dt.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "read_cost_us": costs,
@@ -165,8 +166,10 @@ def main() -> None:
     ]
     lines += [
         "",
-        f"The gpumem sampler itself was busy {busy_fraction * 100:.3f}% of the loop's wall time "
-        f"({result['gpumem_samples']} samples, timed around each read).",
+        (
+            f"The gpumem sampler itself was busy {busy_fraction * 100:.3f}% of the loop's wall time "
+            f"({result['gpumem_samples']} samples, timed around each read)."
+        ),
     ]
     (args.out / "bench_sampler.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from gpumem.core.sources import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
+from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.units import GIB, MIB
 
 __all__ = ["GIB", "MIB", "FakeSource"]

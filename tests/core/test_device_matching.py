@@ -22,12 +22,12 @@ class _Memory(NamedTuple):
 
 
 class _Pci(NamedTuple):
-    busId: str
+    busId: str  # noqa: N815 - pynvml's own field name, which the code under test reads
 
 
 class _Process(NamedTuple):
     pid: int
-    usedGpuMemory: int | None
+    usedGpuMemory: int | None  # noqa: N815 - pynvml's own field name
 
 
 GIB = 1 << 30
@@ -94,6 +94,13 @@ def test_cuda_stops_at_the_first_invalid_entry(nvml, monkeypatch):
     source = NvmlSource()
     assert _mapping(source) == {}
     assert source.unavailable_reason() == "no NVIDIA GPU is visible to this process"
+
+
+def test_a_look_alike_digit_ends_the_list_instead_of_breaking_nvml(nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,²,0")
+    source = NvmlSource()
+    assert _mapping(source) == {0: "GPU B"}
+    assert source.unavailable_reason() is None
 
 
 def test_mig_is_said_unsupported(nvml, monkeypatch):

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpumem.core.devices import DeviceSpec, describe_devices, parse_cuda_device, parse_cuda_indices, parse_device
+from gpumem.core.devices import (
+    DeviceSpec,
+    describe_devices,
+    parse_cuda_device,
+    parse_cuda_indices,
+    parse_device,
+    parse_visible_devices,
+)
 
 
 def test_parse_device_spellings() -> None:
@@ -39,3 +46,23 @@ def test_cuda_indices_and_single_cuda_device() -> None:
 def test_describe_devices() -> None:
     assert describe_devices([0]) == "1 CUDA device (cuda:0)"
     assert describe_devices(list(range(8))) == "8 CUDA devices (cuda:0 … cuda:7)"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", []),
+        ("0", ["0"]),
+        ("1,0", ["1", "0"]),
+        (" 2 , 3 ", ["2", "3"]),
+        ("0,-1,1", ["0"]),
+        ("0,foo,1", ["0"]),
+        ("GPU-abc123,1", ["GPU-abc123", "1"]),
+        ("MIG-xyz", ["MIG-xyz"]),
+        ("0,²,1", ["0"]),  # not a digit to CUDA, nor to int()
+        ("0,,1", ["0"]),
+    ],
+)
+def test_visible_devices_parsed_like_cuda(value: str | None, expected: list[str] | None) -> None:
+    assert parse_visible_devices(value) == expected

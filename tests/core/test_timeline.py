@@ -112,3 +112,153 @@ def test_coarse_buckets_never_overlap_raw_samples():
     series = timeline.window()
     assert series.times == sorted(series.times)
     assert len(series.times) == 100
+
+
+# ---- every sampled extreme stays visible: hand-overs between levels, windows inside buckets ----
+
+INF = math.inf
+
+
+def _feed(levels, count, step_s=0.1, marked=None, first_s=0.0):
+    """A timeline of ``count`` samples of 1.0, ``step_s`` apart, but ``marked`` {index: value}."""
+    marked = marked or {}
+    timeline = Timeline(levels)
+    times = [first_s + i * step_s for i in range(count)]
+    for i, time_s in enumerate(times):
+        timeline.append(time_s, {"v": marked.get(i, 1.0)})
+    return timeline, times
+
+
+def _window(timeline, start_s=-INF, end_s=INF, max_points=2_000):
+    series = timeline.window(start_s, end_s, max_points)
+    assert len(series.times) <= max_points
+    assert len(series.values["v"]) == len(series.times)
+    assert series.times == sorted(series.times)
+    assert all(start_s <= t <= end_s for t in series.times)
+    return series.values["v"]
+
+
+def _assert_visible(timeline, at_s, value, far_s):
+    """``value``, sampled at ``at_s``, shows in every window holding ``at_s`` and none ``far_s`` away."""
+    pick = max if value > 1.0 else min
+    for start in (-INF, at_s - 3.1, at_s - 0.35, at_s):
+        for end in (at_s, at_s + 0.05, INF):
+            for max_points in (4, 10**6):
+                assert pick(_window(timeline, start, end, max_points)) == value, (at_s, start, end, max_points)
+    for start, end in ((-INF, at_s - far_s), (at_s + far_s, INF)):
+        values = _window(timeline, start, end, 4)
+        assert value not in values, (at_s, start, end)
+
+
+SWEEPS = {
+    # raw 2 s, then 1 s buckets for ~8 s, then 4 s buckets: both hand-overs within the last 30 s
+    "small": ((Level(0.0, 20), Level(1.0, 8), Level(4.0, 10)), 300, 0.1, 1),
+    # the default levels' 1 s / 30 s shape with small rings: hand-overs ~5 s and ~45 s back
+    "30s-buckets": ((Level(0.0, 50), Level(1.0, 45), Level(30.0, 10)), 1_200, 0.1, 7),
+    # spans that do not divide each other, samples that do not line up with bucket edges
+    "uneven": ((Level(0.0, 15), Level(1.0, 6), Level(1.7, 5), Level(3.4, 20)), 160, 0.37, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_a_peak_and_a_trough_anywhere_stay_visible_in_every_window(name):
+    levels, count, step_s, stride = SWEEPS[name]
+    far_s = levels[-1].span_s * 2 + 0.11
+    for i in range(0, count, stride):
+        trough = (i + count // 2) % count
+        timeline, times = _feed(levels, count, step_s, {i: 99.0, trough: -5.0})
+        _assert_visible(timeline, times[i], 99.0, far_s)
+        _assert_visible(timeline, times[trough], -5.0, far_s)
+        assert max(_window(timeline, max_points=4)) == 99.0
+        assert min(_window(timeline, max_points=4)) == -5.0
+
+
+def test_the_spike_next_to_the_raw_hand_over_survives():
+    """9,055 samples at 10 Hz: the raw ring has dropped samples 0-54, the 1 s level holds them."""
+    timeline, _ = _feed(DEFAULT_LEVELS, 9_055, 0.1, {52: 99.0})
+    for max_points in (4, 5, 2_000, 10**6):
+        assert max(_window(timeline, max_points=max_points)) == 99.0
+    assert max(_window(timeline, 5.0, 6.0)) == 99.0
+    assert max(_window(timeline, 5.25, INF)) == 99.0  # starts inside the [5 s, 6 s) bucket, after the spike
+    assert max(_window(timeline, 6.0, INF)) == 1.0
+
+
+@pytest.mark.parametrize("index", [0, 9, 10, 49, 50, 52, 54, 55, 56, 59, 60, 61, 70, 9_054])
+def test_a_spike_at_the_raw_to_1s_hand_over(index):
+    timeline, times = _feed(DEFAULT_LEVELS, 9_055, 0.1, {index: 99.0})
+    _assert_visible(timeline, times[index], 99.0, far_s=61.0)
+
+
+def _hours_with_10hz_around(center_s, total_s):
+    """1 Hz for ``total_s`` seconds, 10 Hz within a minute of ``center_s``: each second has a sample."""
+    times = [float(s) for s in range(int(center_s) - 60)]
+    times += [round(center_s - 60 + i * 0.1, 1) for i in range(1_200)]
+    times += [float(s) for s in range(int(center_s) + 60, int(total_s))]
+    return times
+
+
+# The 1 s level holds 21,600 buckets: after 6 h 10 min of samples it has dropped the first ~610 s,
+# which from then on only the 30 s level holds. The bucket where that happens is the hand-over.
+_TOTAL_S = 21_600 + 611
+_DROPPED_UP_TO_S = _TOTAL_S - 1 - 1 - 21_600  # the newest 1 s bucket dropped: [609 s, 610 s)
+# so the 30 s level supplies [600 s, 630 s) whole and the 1 s level takes over from 630 s.
+
+
+@pytest.mark.parametrize("offset_s", [-30.0, -9.1, -9.0, -0.1, 0.0, 0.5, 0.9, 1.0, 1.1, 20.9, 21.0, 31.0])
+def test_a_spike_at_the_1s_to_30s_hand_over(offset_s):
+    times = _hours_with_10hz_around(_DROPPED_UP_TO_S, _TOTAL_S)
+    spike_s = _DROPPED_UP_TO_S + offset_s
+    timeline = Timeline()
+    for time_s in times:
+        timeline.append(time_s, {"v": 99.0 if time_s == spike_s else 1.0})
+    assert spike_s in times
+    for max_points in (4, 2_000, 10**6):
+        assert max(_window(timeline, max_points=max_points)) == 99.0
+    bucket_s = spike_s // 30 * 30
+    for start in (spike_s - 0.05, bucket_s, bucket_s + 0.05):
+        assert max(_window(timeline, start, spike_s + 0.05, 4)) == 99.0
+    assert max(_window(timeline, bucket_s + 61.0)) == 1.0
+
+
+def test_a_window_starting_inside_a_coarse_bucket_includes_it():
+    # 60 s at 10 Hz with a 3-bucket 1 s ring: everything older than ~4 s is in 10 s buckets only.
+    levels = (Level(0.0, 20), Level(1.0, 3), Level(10.0, 100))
+    timeline, _ = _feed(levels, 600, 0.1, {123: 99.0, 234: -5.0})  # at 12.3 s and 23.4 s
+    assert max(_window(timeline, 12.31, 19.0)) == 99.0  # the [10 s, 20 s) bucket
+    assert max(_window(timeline, 19.99, 20.5)) == 99.0
+    assert min(_window(timeline, 29.9, 35.0)) == -5.0  # the [20 s, 30 s) bucket
+    assert max(_window(timeline, 20.0, 35.0)) == 1.0
+    times = timeline.window(15.0, 35.0).times
+    assert times[0] == 15.0  # its points are drawn inside the window
+
+
+def test_a_level_whose_whole_stretch_the_coarser_bucket_covers_is_skipped():
+    # The 1 s ring holds 3 buckets, all inside the 10 s bucket that the 10 s level supplies whole.
+    levels = (Level(0.0, 20), Level(1.0, 3), Level(10.0, 100))
+    timeline, _ = _feed(levels, 1_053, 0.1, {1_029: 50.0})
+    series = timeline.window()
+    assert series.times == sorted(series.times)
+    assert max(series.values["v"]) == 50.0
+
+
+def test_memory_is_bounded_over_a_day_at_10_hz():
+    channels = ["cuda:0/allocated", "cuda:0/reserved", "cuda:0/used", "host/rss"]
+    rows = [dict.fromkeys(channels, float(i)) for i in range(1_000)]
+    timeline = Timeline()
+    hour = 3_600 * 10
+    for i in range(hour):
+        timeline.append(i * 0.1, rows[i % 1_000])
+    held_after_an_hour = timeline.nbytes()
+    for i in range(hour, 24 * hour):
+        timeline.append(i * 0.1, rows[i % 1_000])
+    per_row = {0: 1 + len(channels), 1: 1 + 2 * len(channels)}  # a key and one or two values per channel
+    expected = sum(8 * level.capacity * per_row[min(index, 1)] for index, level in enumerate(DEFAULT_LEVELS))
+    assert timeline.nbytes() == held_after_an_hour == expected == 3_366_720
+    assert max(timeline.window(max_points=2_000).values["host/rss"]) == 999.0
+
+
+def test_clear_forgets_every_level():
+    timeline, _ = _feed((Level(0.0, 10), Level(1.0, 5), Level(5.0, 5)), 500, 0.1, {3: 99.0})
+    timeline.clear()
+    timeline.append(100.0, {"v": 2.0})
+    assert timeline.window() == ([100.0], {"v": [2.0]})

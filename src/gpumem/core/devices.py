@@ -1,4 +1,5 @@
-"""The one parser of device names: ``cuda``, ``cuda:N``, ``N``, ``cpu``, ``all``, lists such as ``0,1``.
+"""The one parser of device names: ``cuda``, ``cuda:N``, ``N``, ``cpu``, ``all``, lists such as ``0,1``,
+and of ``CUDA_VISIBLE_DEVICES``.
 
 Digits are ASCII only: ``str.isdigit`` accepts ``'²'`` and ``'①'``, which ``int`` then refuses.
 """
@@ -9,9 +10,18 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["DeviceSpec", "describe_devices", "parse_cuda_device", "parse_cuda_indices", "parse_device"]
+__all__ = [
+    "DeviceSpec",
+    "describe_devices",
+    "parse_cuda_device",
+    "parse_cuda_indices",
+    "parse_device",
+    "parse_visible_devices",
+]
 
+_LISTED_AT_MOST = 4  # longer lists are described by their first and last device
 _DEVICE = re.compile(r"(cuda|cpu|all|mps|xpu)(?::([0-9]+))?|([0-9]+)", re.ASCII)
+_INDEX = re.compile(r"[0-9]+", re.ASCII)
 
 
 class DeviceSpec(NamedTuple):
@@ -79,10 +89,26 @@ def _cuda_spec(text: str) -> int | None:
     return spec.number if spec.kind == "cuda" else None
 
 
+def parse_visible_devices(value: str | None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as a list of entries (indices or UUID prefixes); None means all devices.
+
+    CUDA stops at the first invalid entry and so do we; an empty string hides every device.
+    """
+    if value is None:
+        return None
+    entries: list[str] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not (_INDEX.fullmatch(entry) or entry.startswith(("GPU-", "MIG-"))):
+            break
+        entries.append(entry)
+    return entries
+
+
 def describe_devices(indices: Sequence[int]) -> str:
     """``[0, 1]`` -> ``'2 CUDA devices (cuda:0, cuda:1)'``."""
     count = len(indices)
     noun = "CUDA device" if count == 1 else "CUDA devices"
-    if count > 4:
+    if count > _LISTED_AT_MOST:
         return f"{count} {noun} (cuda:{indices[0]} … cuda:{indices[-1]})"
     return f"{count} {noun} ({', '.join(f'cuda:{i}' for i in indices)})"

@@ -10,10 +10,15 @@ import threading
 import time
 from collections.abc import Hashable, Sequence
 from types import TracebackType
+from typing import TYPE_CHECKING
 
+from gpumem.core.readings import Snapshot
 from gpumem.core.sampler import DEFAULT_RATE_HZ, Sampler
-from gpumem.core.sources import MemorySource, Snapshot, SystemSource
+from gpumem.core.sources import MemorySource, SystemSource
 from gpumem.core.timeline import DEFAULT_LEVELS, Level, Timeline
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11 on
 
 __all__ = ["Monitor", "default_monitor", "set_default_monitor"]
 
@@ -41,7 +46,7 @@ class Monitor:
         self._users: set[Hashable] = set()
         self._started_explicitly = False
 
-    def start(self) -> Monitor:
+    def start(self) -> Self:
         """Sample until :meth:`stop`, whatever shared users acquire and release meanwhile."""
         with self._users_lock:
             self._started_explicitly = True
@@ -92,7 +97,7 @@ class Monitor:
     def status(self) -> dict[str, str]:
         return self.source.status()
 
-    def __enter__(self) -> Monitor:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

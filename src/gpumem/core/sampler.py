@@ -15,7 +15,8 @@ import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
-from gpumem.core.sources import MemorySource, Snapshot
+from gpumem.core.readings import Snapshot
+from gpumem.core.sources import MemorySource
 from gpumem.core.timeline import Timeline
 
 __all__ = ["DEFAULT_RATE_HZ", "Sampler", "SamplerCost", "channels_of"]
@@ -58,7 +59,7 @@ _live_samplers: weakref.WeakSet[Sampler] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for sampler in list(_live_samplers):
-        sampler._forget_thread_after_fork()
+        sampler._forget_thread_after_fork()  # noqa: SLF001 - this module's own fork hook for its own class
 
 
 if hasattr(os, "register_at_fork"):
@@ -151,11 +152,15 @@ class Sampler:
             self._max_s = max(self._max_s, spent)
             listeners = list(self._listeners)
         for listener in listeners:
-            try:
-                listener(snapshot)
-            except Exception as error:
-                self._last_error = f"listener failed: {type(error).__name__}: {error}"
+            self._notify(listener, snapshot)
         return snapshot
+
+    def _notify(self, listener: Listener, snapshot: Snapshot) -> None:
+        """One listener's failure is recorded and does not keep the others from hearing."""
+        try:
+            listener(snapshot)
+        except Exception as error:
+            self._last_error = f"listener failed: {type(error).__name__}: {error}"
 
     def cost(self) -> SamplerCost:
         with self._lock:

@@ -13,7 +13,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
+
+# The readings live in gpumem.core.readings and the CUDA_VISIBLE_DEVICES parser in gpumem.core.devices;
+# importing them from here keeps working.
+from gpumem.core.devices import parse_visible_devices
+from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 
 __all__ = [
     "AllocatorReading",
@@ -28,72 +33,6 @@ __all__ = [
     "TorchAllocatorSource",
     "parse_visible_devices",
 ]
-
-
-class AllocatorReading(NamedTuple):
-    """PyTorch caching-allocator counters for one CUDA device (index as this process sees it)."""
-
-    device: int
-    allocated_bytes: int
-    reserved_bytes: int
-    active_bytes: int
-    inactive_split_bytes: int
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    num_ooms: int
-    num_alloc_retries: int
-
-
-class DeviceReading(NamedTuple):
-    """Whole-device memory from NVML (all processes), for one CUDA device index."""
-
-    device: int
-    total_bytes: int
-    used_bytes: int
-    free_bytes: int
-    process_used_bytes: int | None  # this process's own share; None when not asked for or unknown
-
-
-class HostReading(NamedTuple):
-    """This process's resident memory and the machine's memory."""
-
-    rss_bytes: int
-    peak_rss_bytes: int  # lifetime maximum RSS of this process (getrusage), exact
-    available_bytes: int
-    total_bytes: int
-
-
-class DeviceInfo(NamedTuple):
-    """How one CUDA device index maps to the physical GPU that NVML reports."""
-
-    device: int  # CUDA index in this process
-    nvml_index: int
-    name: str
-    uuid: str
-    pci_bus_id: str
-    total_bytes: int
-
-
-class Snapshot(NamedTuple):
-    """Everything readable at one instant; sources that are unavailable contribute nothing."""
-
-    monotonic_s: float
-    wall_time_s: float
-    allocator: tuple[AllocatorReading, ...]
-    devices: tuple[DeviceReading, ...]
-    host: HostReading | None
-
-    def allocator_for(self, device: int) -> AllocatorReading | None:
-        for reading in self.allocator:
-            if reading.device == device:
-                return reading
-        return None
-
-    def device_for(self, device: int) -> DeviceReading | None:
-        for reading in self.devices:
-            if reading.device == device:
-                return reading
-        return None
 
 
 class MemorySource(Protocol):
@@ -221,24 +160,6 @@ class TorchAllocatorSource:
 def _torch_built_with_cuda(torch: Any) -> bool:
     version = getattr(getattr(torch, "version", None), "cuda", None)
     return bool(version)
-
-
-def parse_visible_devices(value: str | None) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES as a list of entries (indices or UUID prefixes); None means all devices.
-
-    CUDA stops at the first invalid entry and so do we; an empty string hides every device.
-    """
-    if value is None:
-        return None
-    entries: list[str] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            break
-        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
-            break
-        entries.append(entry)
-    return entries
 
 
 class NvmlSource:
@@ -425,8 +346,10 @@ class NvmlSource:
 
     def process_on_device(self, device: int) -> bool | None:
         """Whether this process holds a context on the device (None when NVML cannot tell)."""
+        if self._ensure() is None:  # first: in a forked child it drops the parent's handles
+            return None
         handle = self._handles.get(device)
-        if self._ensure() is None or handle is None:
+        if handle is None:
             return None
         nvml = self._nvml
         assert nvml is not None
@@ -454,11 +377,14 @@ def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_BUS_ID_FIELDS = 3  # domain:bus:device
+
+
 def _normal_bus_id(bus_id: str) -> str:
     """NVML says ``00000000:1A:00.0``; compare on domain:bus:device in lower case."""
     text = bus_id.lower().split(".")[0]
     parts = text.split(":")
-    if len(parts) == 3:
+    if len(parts) == _BUS_ID_FIELDS:
         domain, bus, dev = parts
         return f"{int(domain, 16):x}:{int(bus, 16):x}:{int(dev, 16):x}"
     return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = ["GIB", "KIB", "MAX_SIZE_BYTES", "MIB", "format_bytes", "format_delta", "parse_size"]
@@ -18,16 +19,16 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 def format_bytes(nbytes: float, precision: int = 1) -> str:
     """``1536 -> '1.5 KiB'``; exact for small counts (``'512 B'``)."""
     value = float(nbytes)
-    if value != value:
+    if math.isnan(value):
         return "n/a"
     sign = "-" if value < 0 else ""
     value = abs(value)
     for unit in _UNITS:
-        if value < 1024 or unit == _UNITS[-1]:
+        if value < KIB or unit == _UNITS[-1]:
             if unit == "B":
                 return f"{sign}{int(value)} B"
             return f"{sign}{value:.{precision}f} {unit}"
-        value /= 1024
+        value /= KIB
     raise AssertionError("unreachable")
 
 
