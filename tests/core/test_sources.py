@@ -4,12 +4,12 @@ import sys
 import pytest
 
 from gpumem.core import devices
+from gpumem.core.nvml import _normal_bus_id
 from gpumem.core.sources import (
     HostSource,
     NvmlSource,
     SystemSource,
     TorchAllocatorSource,
-    _normal_bus_id,
     parse_visible_devices,
 )
 
