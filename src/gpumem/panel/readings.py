@@ -16,7 +16,15 @@ from collections.abc import Hashable, Mapping
 from gpumem.core.monitor import Monitor
 from gpumem.core.sources import DeviceInfo, Snapshot
 
-__all__ = ["PeakTracker", "PeaksSinceOpen", "Readings", "SamplerClaim", "capacities_of", "device_indices"]
+__all__ = [
+    "PeakTracker",
+    "PeaksSinceOpen",
+    "Readings",
+    "SamplerClaim",
+    "capacities_of",
+    "describe_device",
+    "device_indices",
+]
 
 
 class PeakTracker:
@@ -119,18 +127,12 @@ class Readings:
         """The sampler's listener: keep the snapshot and describe devices seen for the first time."""
         for index in device_indices(snapshot):
             if index not in self._infos:
-                info = self._describe(index)
+                info = describe_device(self._monitor, index)
                 with self._lock:
                     self._infos[index] = info
         with self._lock:
             self._latest = snapshot
             self._noted_at = time.monotonic()
-
-    def _describe(self, index: int) -> DeviceInfo | None:
-        try:
-            return self._monitor.source.device_info(index)
-        except Exception:
-            return None
 
     def latest(self, max_age_s: float | None = None) -> Snapshot | None:
         """The newest snapshot, or None when there is none (or none newer than ``max_age_s``)."""
@@ -157,6 +159,14 @@ def capacities_of(snapshot: Snapshot, infos: Mapping[int, DeviceInfo | None]) ->
         if index not in capacities and info is not None:
             capacities[index] = info.total_bytes
     return capacities
+
+
+def describe_device(monitor: Monitor, index: int) -> DeviceInfo | None:
+    """Name and capacity of one device, or None when the source cannot say."""
+    try:
+        return monitor.source.device_info(index)
+    except Exception:
+        return None
 
 
 def device_indices(snapshot: Snapshot) -> tuple[int, ...]:
