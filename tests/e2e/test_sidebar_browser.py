@@ -607,15 +607,7 @@ def test_lab_sidebar_lifecycle(
     wait_label_changes(page, "train")
     assert "restarted" not in sidebar(page).inner_text()
 
-    # A second notebook: its panel takes the sidebar, and the title names it.
-    open_second_notebook(page, "other.ipynb")
-    cell2 = run_cell(page, TICKER_CELL.format(name="other"))
-    wait_for_output(cell2, NOTE)
-    wait_sidebar_text(page, "GPU memory · other.ipynb")
-    wait_label_changes(page, "other")
-    tab = page.locator(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
-    assert tab.get_attribute("title") == "GPU memory · other.ipynb"
-    save_screenshot(page, f"{request.node.name}.other")
+    _second_notebook_takes_the_sidebar(page, f"{request.node.name}.other")
 
     # Back to train.ipynb: its status item click asks its kernel for a panel (sidebar factory).
     page.locator(".lm-TabBar-tab", has_text="train.ipynb").first.click()
@@ -631,6 +623,18 @@ def test_lab_sidebar_lifecycle(
     page.evaluate("() => window.jupyterapp.commands.execute('application:close')")
     wait_sidebar_text(page, "train.ipynb was closed")
     assert sidebar(page).locator(".widget-label").count() == 0
+
+
+def _second_notebook_takes_the_sidebar(page: Page, screenshot: str) -> None:
+    # A second notebook: its panel takes the sidebar, and the title names it.
+    open_second_notebook(page, "other.ipynb")
+    cell2 = run_cell(page, TICKER_CELL.format(name="other"))
+    wait_for_output(cell2, NOTE)
+    wait_sidebar_text(page, "GPU memory · other.ipynb")
+    wait_label_changes(page, "other")
+    tab = page.locator(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
+    assert tab.get_attribute("title") == "GPU memory · other.ipynb"
+    save_screenshot(page, screenshot)
 
 
 def _close_and_reopen_from_palette_and_status_item(page: Page, prefix: str) -> None:

@@ -26,7 +26,6 @@ from typing import Any, ClassVar, NamedTuple, cast
 
 from gpumem.core.monitor import Monitor, default_monitor
 from gpumem.core.sources import Snapshot
-from gpumem.panel import writer as registry
 from gpumem.panel.commands import (
     Command,
     FreeDone,
@@ -51,7 +50,8 @@ from gpumem.panel.options import (
 )
 from gpumem.panel.readings import PeaksSinceOpen, Readings, SamplerClaim, device_indices
 from gpumem.panel.view import PanelView
-from gpumem.panel.writer import IDLE_WAIT_S, PushSchedule, writer
+from gpumem.panel.writer import IDLE_WAIT_S, PushSchedule, close_all, register, shared_writer, unregister
+from gpumem.panel.writer import open_panels as _open_panels
 
 __all__ = ["Panel", "PanelStats", "close_all", "open_panels"]
 
@@ -75,12 +75,7 @@ class PanelStats(NamedTuple):
 
 def open_panels() -> list[Panel]:
     """The panels not closed yet, oldest first."""
-    return cast("list[Panel]", registry.open_panels())
-
-
-def close_all() -> None:
-    """Close every open panel: stops the writer thread, and the sampler where a panel started it."""
-    registry.close_all()
+    return cast("list[Panel]", _open_panels())
 
 
 class _Views:
@@ -146,12 +141,12 @@ class Panel(PanelView):
         self._last_frame: CurveFrame | None = None
         self._error: str | None = None
         self._connect()
-        registry.register(self)
+        register(self)
         self._monitor.sampler.add_listener(self._on_sample)
         # The figures at opening: the baseline of "peak since open" and a header before the first tick.
         with contextlib.suppress(Exception):
             self._on_sample(self._monitor.snapshot())
-        writer.add(self._service)
+        shared_writer.add(self._service)
 
     def _connect(self) -> None:
         """Handlers run on the comm thread (possibly while a cell runs): they only queue work."""
@@ -187,7 +182,7 @@ class Panel(PanelView):
         """Have the writer push current figures now, shown or not; True once it has."""
         if self._closed:
             return False
-        if threading.current_thread() is writer.thread:
+        if threading.current_thread() is shared_writer.thread:
             self._service(force=True)
             return True
         done = threading.Event()
@@ -213,10 +208,10 @@ class Panel(PanelView):
                 super().close()
             return
         self._closed = True
-        registry.unregister(self)
+        unregister(self)
         with self._service_lock:
             pass  # wait for an update in flight
-        writer.remove(self._service)
+        shared_writer.remove(self._service)
         self._monitor.sampler.remove_listener(self._on_sample)
         self._claim.give_back()
         self._free.join(10.0)
@@ -227,7 +222,7 @@ class Panel(PanelView):
         if not self._closed:
             self._views.displayed_at = time.monotonic()
             self._acquire()
-            writer.wake()
+            shared_writer.wake()
         return super()._repr_mimebundle_(**kwargs)
 
     @property
@@ -237,7 +232,7 @@ class Panel(PanelView):
     # Threads other than the writer: only queue and wake --------------------------------------------
     def _post(self, command: Command) -> None:
         self._commands.append(command)
-        writer.wake()
+        shared_writer.wake()
 
     def _on_views(self, change: dict[str, Any]) -> None:
         self._views.reported = True

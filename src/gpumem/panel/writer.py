@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["PushSchedule", "Writer", "close_all", "open_panels", "register", "unregister", "writer"]
+__all__ = ["PushSchedule", "Writer", "close_all", "open_panels", "register", "shared_writer", "unregister"]
 
 # Service functions return when to be called again (time.monotonic() seconds).
 Service = Callable[[], float]
@@ -73,7 +73,7 @@ class Writer:
             self._wake.wait(max(0.0, min(IDLE_WAIT_S, next_due - time.monotonic())))
 
 
-writer = Writer()
+shared_writer = Writer()
 
 
 class PushSchedule:
