@@ -13,7 +13,7 @@ training loop runs on cuda:0 and its step time is compared with and without a sh
 from __future__ import annotations
 
 import argparse
-import datetime
+import datetime as dt
 import json
 import math
 import threading
@@ -63,8 +63,7 @@ def _fake_driver(source: FakeSource, devices: int, stop: threading.Event) -> Non
     step = 0
     while not stop.is_set():
         step += 1
-        for device in range(devices):
-            handles.append((source.allocate((step % 13 + 1) * 64 * MIB, device), device))
+        handles.extend((source.allocate((step % 13 + 1) * 64 * MIB, device), device) for device in range(devices))
         while len(handles) > 6 * devices:
             handle, device = handles.pop(0)
             source.free(handle, device)
@@ -141,6 +140,34 @@ def fake_scenarios(seconds: float) -> list[dict[str, Any]]:
     return results
 
 
+def _steps_per_s(
+    view: bool | None, seconds: float, train: Callable[[threading.Event], None], count: Callable[[], int]
+) -> float:
+    """Training steps per second: no panel (None), a panel not shown (False), a shown one (True)."""
+    monitor = Monitor()
+    panel = None
+    if view is not None:
+        panel = Panel(monitor, window="10min")
+        panel._repr_mimebundle_()
+        panel.set_state({"_view_count": 1})
+        if not view:
+            panel.set_state({"_view_count": 0})
+    else:
+        monitor.start()
+    stop = threading.Event()
+    worker = threading.Thread(target=train, args=(stop,))
+    began = time.perf_counter()
+    worker.start()
+    time.sleep(seconds)
+    stop.set()
+    worker.join()
+    result = count() / (time.perf_counter() - began)
+    if panel is not None:
+        panel.close()
+    monitor.stop()
+    return result
+
+
 def gpu_scenarios(seconds: float) -> list[dict[str, Any]]:
     import torch
 
@@ -159,30 +186,8 @@ def gpu_scenarios(seconds: float) -> list[dict[str, Any]]:
         torch.cuda.synchronize(0)
 
     def rate(view: bool | None) -> float:
-        """Training steps per second: no panel (None), a panel not shown (False), a shown one (True)."""
-        monitor = Monitor()
-        panel = None
-        if view is not None:
-            panel = Panel(monitor, window="10min")
-            panel._repr_mimebundle_()
-            panel.set_state({"_view_count": 1})
-            if not view:
-                panel.set_state({"_view_count": 0})
-        else:
-            monitor.start()
-        stop = threading.Event()
         steps["count"] = 0
-        worker = threading.Thread(target=train, args=(stop,))
-        began = time.perf_counter()
-        worker.start()
-        time.sleep(seconds / 2)
-        stop.set()
-        worker.join()
-        result = steps["count"] / (time.perf_counter() - began)
-        if panel is not None:
-            panel.close()
-        monitor.stop()
-        return result
+        return _steps_per_s(view, seconds / 2, train, lambda: steps["count"])
 
     with CommRecorder():
         rates = {"sampler only": [], "panel not shown": [], "panel shown": []}
@@ -216,7 +221,7 @@ def main() -> None:
         results += gpu_scenarios(args.seconds)
     report = {
         "benchmark": "panel",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "sampler_rate_hz": DEFAULT_RATE_HZ,
         "budget_bytes_per_s": BUDGET_BYTES_PER_S,
         "results": results,
@@ -225,19 +230,21 @@ def main() -> None:
     lines = [
         "### Live panel: browser traffic and writer cost",
         "",
-        f"Sampler at {DEFAULT_RATE_HZ:g} Hz, a full window of history, a view reported by the front end; "
-        "bytes are comm messages as the kernel serializes them (Jupyter envelope included).",
+        (
+            f"Sampler at {DEFAULT_RATE_HZ:g} Hz, a full window of history, a view reported by the front end; "
+            "bytes are comm messages as the kernel serializes them (Jupyter envelope included)."
+        ),
         "",
         "| scenario | KB/s | messages/s | curve pushes/s | points/line | lines | writer CPU ms/s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in results:
-        if "bytes_per_s" in r:
-            lines.append(
-                f"| {r['scenario']} | {r['bytes_per_s'] / 1000:.1f} | {r['messages_per_s']:.1f} | "
-                f"{r['curve_pushes_per_s']:.2f} | {r['points_per_line']} | {r['lines']} | "
-                f"{r['writer_cpu_ms_per_s']:.1f} |"
-            )
+    lines.extend(
+        f"| {r['scenario']} | {r['bytes_per_s'] / 1000:.1f} | {r['messages_per_s']:.1f} | "
+        f"{r['curve_pushes_per_s']:.2f} | {r['points_per_line']} | {r['lines']} | "
+        f"{r['writer_cpu_ms_per_s']:.1f} |"
+        for r in results
+        if "bytes_per_s" in r
+    )
     steps = [r for r in results if "steps_per_s" in r]
     if steps:
         lines += ["", "| training loop on cuda:0 | steps/s | slowdown |", "| --- | ---: | ---: |"]

@@ -172,7 +172,12 @@ def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) 
     page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "panel_jupyterlab.png"))
     save_screenshot(page, "panel_jupyterlab_freed")
 
-    # A long cell: the curve keeps moving while it runs, and Free runs concurrently without harm.
+    _free_during_a_long_cell(page, message)
+    _traffic_while_shown_and_after_clearing(page, traffic, panel_cell)
+
+
+def _free_during_a_long_cell(page: Page, message: str) -> None:
+    """A long cell: the curve keeps moving while it runs, and Free runs concurrently without harm."""
     loop = run_cell(
         page,
         "import time\nkeep = []\nfor step in range(60):\n"
@@ -194,7 +199,9 @@ def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) 
     assert "loop done 60" in cell_outputs_text(loop)
     assert still_running, f"the long cell ended before Free answered ({during}); the test proves nothing"
 
-    # Traffic while shown, then none once the panel's output is cleared (no view left).
+
+def _traffic_while_shown_and_after_clearing(page: Page, traffic: _WidgetTraffic, panel_cell: Locator) -> None:
+    """Traffic while shown, then none once the panel's output is cleared (no view left)."""
     page.wait_for_timeout(500)  # Playwright delivers websocket events only while it is called
     shown_start = time.monotonic()
     page.wait_for_timeout(6000)
@@ -203,7 +210,7 @@ def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) 
     page.keyboard.press("Escape")
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-cell-output')")
     _wait_for(lambda: page.locator(PANEL).count() == 0, 15, "the panel output to clear", page)
-    views = run_cell(page, "print('views', gw.open_panels()[0]._view_count)")
+    views = run_cell(page, "print('views', gw.open_panels()[0]._view_count)")  # gw: imported by an earlier cell
     wait_for_output(views, "views 0")
     page.wait_for_timeout(500)
     hidden_start = time.monotonic()

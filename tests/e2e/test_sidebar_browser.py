@@ -412,7 +412,13 @@ def test_publisher_thread_runs_only_while_a_comm_listens(frontend: Any) -> None:
 
 
 def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumem.core.monitor import Monitor
     from gpumem.panel import frontend as _frontend
+
+    # The figures come from the shared monitor's source: a fresh one, on a machine whose only GPU is the
+    # fake torch below (no NVML).
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr("gpumem.core.monitor._default", Monitor())
 
     class NotInitialized:
         def is_initialized(self) -> bool:
@@ -429,12 +435,10 @@ def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.
     cuda = SimpleNamespace(
         is_initialized=lambda: True,
         device_count=lambda: 2,
-        memory_allocated=lambda i: 100 + i,
-        memory_reserved=lambda i: 200 + i,
+        memory_stats=lambda i: {"allocated_bytes.all.current": 100 + i, "reserved_bytes.all.current": 200 + i},
         get_device_properties=lambda i: SimpleNamespace(name=f"Fake {i}", total_memory=1000),
     )
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(_frontend, "_device_cache", {})
     payload = _frontend.default_status_payload()
     assert payload["cuda_in_use"] is True
     assert payload["devices"][1] == {
@@ -444,6 +448,42 @@ def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.
         "reserved_bytes": 201,
         "total_bytes": 1000,
     }
+
+
+def test_status_payload_is_the_samplers_snapshot_when_it_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumem.core.monitor import Monitor
+    from gpumem.panel.status import StatusReader
+    from gpumem.testing import GIB, FakeSource
+
+    source = FakeSource(devices=2, total_bytes=40 * GIB)
+    monitor = Monitor(source)
+    monkeypatch.setattr("gpumem.core.monitor._default", monitor)
+    source.allocate(3 * GIB, 1)
+    reader = StatusReader()
+    # Not listening and no sample: one snapshot read through the monitor.
+    taken = source.snapshots_taken
+    payload = reader.now()
+    assert source.snapshots_taken == taken + 1
+    assert payload["cuda_in_use"] is True and payload["devices"][1]["allocated_bytes"] == 3 * GIB
+    # Listening while the sampler samples: its snapshot, nothing read again.
+    reader.start()
+    try:
+        monitor.sampler.sample_once()
+        source.allocate(1 * GIB, 1)  # not sampled yet: the payload shows what the sampler saw
+        taken = source.snapshots_taken
+        payload = reader.now()
+        assert source.snapshots_taken == taken
+        assert payload["devices"][1] == {
+            "index": 1,
+            "name": "Fake GPU",
+            "allocated_bytes": 3 * GIB,
+            "reserved_bytes": 3 * GIB,
+            "total_bytes": 40 * GIB,
+        }
+        assert payload["host"]["rss_bytes"] == source.host_rss_bytes
+    finally:
+        reader.stop()
+    assert not monitor.running  # the status bar never starts the sampler
 
 
 def test_frontend_module_imports_nothing_heavy() -> None:
@@ -551,19 +591,7 @@ def test_lab_sidebar_lifecycle(
     status = wait_status_text(page, re.compile(r"^(RAM [\d.]+ [MG]iB \(no GPU in use\)|GPU [\d.]+ / [\d.]+ GiB)"))
     assert status
 
-    # Close with the sidebar's own button, reopen from the command palette: the view is live again.
-    sidebar(page).locator(".gpumem-Sidebar-close").click()
-    sidebar(page).wait_for(state="detached")
-    run_palette_command(page, "GPU memory: show sidebar")
-    sidebar(page).wait_for(state="visible")
-    wait_label_changes(page, "train")
-
-    # Close again and reopen from the status-bar item.
-    sidebar(page).locator(".gpumem-Sidebar-close").click()
-    sidebar(page).wait_for(state="detached")
-    page.locator(STATUS_ITEM).click()
-    sidebar(page).wait_for(state="visible")
-    wait_label_changes(page, "train")
+    _close_and_reopen_from_palette_and_status_item(page, "train")
 
     # Restart: a clear message instead of a dead widget, and the status item goes away.
     restart_kernel(page)
@@ -579,15 +607,7 @@ def test_lab_sidebar_lifecycle(
     wait_label_changes(page, "train")
     assert "restarted" not in sidebar(page).inner_text()
 
-    # A second notebook: its panel takes the sidebar, and the title names it.
-    open_second_notebook(page, "other.ipynb")
-    cell2 = run_cell(page, TICKER_CELL.format(name="other"))
-    wait_for_output(cell2, NOTE)
-    wait_sidebar_text(page, "GPU memory · other.ipynb")
-    wait_label_changes(page, "other")
-    tab = page.locator(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
-    assert tab.get_attribute("title") == "GPU memory · other.ipynb"
-    save_screenshot(page, f"{request.node.name}.other")
+    _second_notebook_takes_the_sidebar(page, f"{request.node.name}.other")
 
     # Back to train.ipynb: its status item click asks its kernel for a panel (sidebar factory).
     page.locator(".lm-TabBar-tab", has_text="train.ipynb").first.click()
@@ -603,6 +623,34 @@ def test_lab_sidebar_lifecycle(
     page.evaluate("() => window.jupyterapp.commands.execute('application:close')")
     wait_sidebar_text(page, "train.ipynb was closed")
     assert sidebar(page).locator(".widget-label").count() == 0
+
+
+def _second_notebook_takes_the_sidebar(page: Page, screenshot: str) -> None:
+    # A second notebook: its panel takes the sidebar, and the title names it.
+    open_second_notebook(page, "other.ipynb")
+    cell2 = run_cell(page, TICKER_CELL.format(name="other"))
+    wait_for_output(cell2, NOTE)
+    wait_sidebar_text(page, "GPU memory · other.ipynb")
+    wait_label_changes(page, "other")
+    tab = page.locator(f'.lm-TabBar-tab[data-id="{SIDEBAR[1:]}"]')
+    assert tab.get_attribute("title") == "GPU memory · other.ipynb"
+    save_screenshot(page, screenshot)
+
+
+def _close_and_reopen_from_palette_and_status_item(page: Page, prefix: str) -> None:
+    # Close with the sidebar's own button, reopen from the command palette: the view is live again.
+    sidebar(page).locator(".gpumem-Sidebar-close").click()
+    sidebar(page).wait_for(state="detached")
+    run_palette_command(page, "GPU memory: show sidebar")
+    sidebar(page).wait_for(state="visible")
+    wait_label_changes(page, prefix)
+
+    # Close again and reopen from the status-bar item.
+    sidebar(page).locator(".gpumem-Sidebar-close").click()
+    sidebar(page).wait_for(state="detached")
+    page.locator(STATUS_ITEM).click()
+    sidebar(page).wait_for(state="visible")
+    wait_label_changes(page, prefix)
 
 
 _LINES_JS = """() => [...document.querySelectorAll('#gpumem-sidebar path.line')]

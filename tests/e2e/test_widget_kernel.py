@@ -23,10 +23,13 @@ def test_monitor_and_sidebar_magics_in_a_kernel(tmp_path: Path, jupyter_env: Jup
         "%load_ext gpumem",
         "%gpumem",
         "%gpumem monitor --window 1min --threshold 80% --host --rate 4",
-        "import threading, gpumem.panel.sidebar as gw\n"
-        "p = gw.open_panels()[-1]\n"
-        "print('options', p.options.window_s, round(p.options.threshold, 2), p.options.show_host, p.options.rate_hz)\n"
-        "print('panels', len(gw.open_panels()))",
+        (
+            "import threading, gpumem.panel.sidebar as gw\n"
+            "p = gw.open_panels()[-1]\n"
+            "print('options', p.options.window_s, round(p.options.threshold, 2), p.options.show_host,"
+            " p.options.rate_hz)\n"
+            "print('panels', len(gw.open_panels()))"
+        ),
         "%gpumem monitor --window soon",
         "%gpumem monitor --threshold 120%",
         "%gpumem sidebar",
@@ -34,8 +37,10 @@ def test_monitor_and_sidebar_magics_in_a_kernel(tmp_path: Path, jupyter_env: Jup
         "%gpumem monitor --close",
         "print('writer', any(t.name == 'gpumem-panel-writer' for t in threading.enumerate()))",
         "%gpumem monitor\n%unload_ext gpumem",
-        "print('after unload', len(gw.open_panels()),"
-        " any(t.name == 'gpumem-panel-writer' for t in threading.enumerate()))",
+        (
+            "print('after unload', len(gw.open_panels()),"
+            " any(t.name == 'gpumem-panel-writer' for t in threading.enumerate()))"
+        ),
     ]
     nb = run_notebook(make_notebook(tmp_path / "magics.ipynb", cells), jupyter_env=jupyter_env, timeout=180,
                       allow_errors=True)  # fmt: skip

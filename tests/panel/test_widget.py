@@ -18,21 +18,13 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
+from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.monitor import Monitor
 from gpumem.core.timeline import Timeline
 from gpumem.ipython import panel_magics as widget
-from gpumem.panel.frame import (
-    PanelOptions,
-    PeakTracker,
-    RecentSamples,
-    build_curve_frame,
-    curve_interval_s,
-    nice_axis,
-    parse_device,
-    parse_rate,
-    parse_threshold,
-    parse_window,
-)
+from gpumem.panel.curves import build_curve_frame, curve_interval_s, nice_axis
+from gpumem.panel.options import PanelOptions, parse_rate, parse_threshold, parse_window
+from gpumem.panel.readings import PeakTracker
 from gpumem.panel.traffic import CommRecorder
 from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, MIB, FakeSource
@@ -340,36 +332,38 @@ def test_lines_stay_within_2k_points_and_keep_every_peak() -> None:
     assert frame.points_per_line <= 1000
 
 
-def test_recent_samples_agree_with_the_timeline() -> None:
+def test_curves_are_read_from_the_monitors_timeline() -> None:
+    """The timeline is the one store of samples: each push reads its window, so new samples show at once."""
     timeline = Timeline()
     now = time.monotonic()
-    rows = [(now - 700 + i * 0.1, {"a": float((i * 37) % 101), "b": float(i)}) for i in range(7000)]
-    rows[5555] = (rows[5555][0], {"a": 5000.0, "b": 5555.0})  # one spike
-    for time_s, values in rows[:3000]:
+    rows = [
+        (now - 700 + i * 0.1, {"cuda:0/allocated": float((i * 37) % 101) * MIB, "cuda:0/reserved": float(i) * MIB})
+        for i in range(7000)
+    ]
+    rows[5555] = (rows[5555][0], {"cuda:0/allocated": 5000.0 * MIB, "cuda:0/reserved": 5555.0 * MIB})  # one spike
+    for time_s, values in rows:
         timeline.append(time_s, values)
-    recent = RecentSamples(8000)
-    recent.seed(timeline, rows[2999][0], 660)
-    for time_s, values in rows[3000:]:
-        timeline.append(time_s, values)
-        recent.append(time_s, values)
-    assert recent.covers(-math.inf)  # the timeline holds nothing older than the copy
     end = rows[-1][0]
-    for start in (end - 30, end - 600):
-        raw_times, raw = recent.window(start, end, 100_000, ["a", "b"])
-        series = timeline.window(start, end, 100_000)
-        assert raw_times.tolist() == series.times
-        assert raw[1].tolist() == series.values["b"]
-        times, data = recent.window(start, end, 1000, ["a", "b", "missing"])
-        assert times.size <= 1000 and data.shape == (3, times.size)
-        assert np.nanmax(data[0]) == max(series.values["a"])
-        assert np.nanmin(data[1]) == min(series.values["b"]) and np.nanmax(data[1]) == max(series.values["b"])
-        assert np.all(np.isnan(data[2]))
-        assert np.all(np.diff(times) >= 0)
-    small = RecentSamples(100)
-    small.seed(timeline, end, 660)
-    for i in range(1, 151):  # the ring wraps: older samples are gone
-        small.append(end + i * 0.1, {"a": 1.0})
-    assert small.covers(end + 10) and not small.covers(end - 600) and not small.covers(end)
+    for window_s in (30.0, 600.0):
+        frame = build_curve_frame(timeline, PanelOptions(window_s=window_s), end, 0.0, {})
+        series = timeline.window(end - window_s, end, 1000)
+        assert frame.points_per_line <= 1000
+        assert (frame.x_ms / 1000.0).tolist() == pytest.approx(series.times)
+        for row, curve in zip(frame.y, frame.curves, strict=True):
+            assert (row * frame.unit_bytes).tolist() == pytest.approx(series.values[curve.channel], rel=1e-6)
+        assert np.all(np.diff(frame.x_ms) >= 0)
+        raw = [v for t, v in rows if t >= end - window_s]
+        for line, channel in enumerate(("cuda:0/allocated", "cuda:0/reserved")):
+            values = [v[channel] for v in raw]
+            assert float(frame.y[line].max()) * frame.unit_bytes == pytest.approx(max(values), rel=1e-6)
+            assert float(frame.y[line].min()) * frame.unit_bytes == pytest.approx(min(values), rel=1e-6)
+    assert float(build_curve_frame(timeline, PanelOptions(window_s=600), end, 0.0, {}).y[0].max()) == pytest.approx(
+        5000 / 1024, rel=1e-6
+    )  # the one-sample spike survives decimation
+    timeline.append(end + 0.1, {"cuda:0/allocated": 7.0 * GIB, "cuda:0/reserved": 8.0 * GIB})
+    frame = build_curve_frame(timeline, PanelOptions(window_s=60), end + 0.1, 0.0, {})
+    assert frame.x_ms[-1] == pytest.approx((end + 0.1) * 1000.0)
+    assert frame.y[:, -1].tolist() == pytest.approx([7.0, 8.0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -449,7 +443,7 @@ def test_deep_option_reaches_cleanup_and_failures_are_shown(
     def broken(**_: Any) -> Any:
         raise RuntimeError("allocator is gone")
 
-    monkeypatch.setattr("gpumem.panel.widget.free_memory", broken)
+    monkeypatch.setattr("gpumem.panel.freeing.free_memory", broken)
     failed = panel.free()
     assert failed is not None and failed.result is None
     assert panel.refresh()
@@ -485,7 +479,7 @@ def test_sends_nothing_without_a_view_and_pushes_when_one_appears(
     time.sleep(0.3)
     silent_from = time.monotonic()
     time.sleep(1.5)
-    assert [m for m in recorder.updates(silent_from)] == []
+    assert recorder.updates(silent_from) == []
 
 
 def test_panels_share_one_sampler_and_close_releases_everything(fake: tuple[FakeSource, Monitor]) -> None:

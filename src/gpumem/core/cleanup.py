@@ -326,3 +326,29 @@ def _exception_holds_tensors(exceptions: list[BaseException]) -> bool:
     namespace = {f"e{index}": error for index, error in enumerate(exceptions)}
     report = find_holders(namespace, device="all", include_hidden=False, max_depth=6)
     return report.total_bytes > 0
+
+
+def describe_one_line(result: FreeResult, *, host_rss_freed_bytes: int | None = None, deep_hint: str = "") -> str:
+    """:meth:`FreeResult.describe` in one line, for narrow places (the panel's message).
+
+    ``host_rss_freed_bytes`` is the caller's own measurement around the free; ``deep_hint`` follows
+    the references kept when ``deep`` was off (it says how the caller's interface turns it on).
+    """
+    parts = [
+        f"cuda:{d.device} reserved {format_bytes(d.reserved_before_bytes)} \u2192 "
+        f"{format_bytes(d.reserved_after_bytes)} ({format_delta(-d.reserved_reclaimed_bytes)}), "
+        f"allocated {format_delta(-d.allocated_reclaimed_bytes)}"
+        for d in result.devices
+    ]
+    if host_rss_freed_bytes is not None:
+        parts.append(f"host RSS {format_delta(-host_rss_freed_bytes)}")
+    parts.append(f"gc collected {result.collected_objects} object{'' if result.collected_objects == 1 else 's'}")
+    if result.released:
+        parts.append("released " + ", ".join(result.released))
+    if result.kept:
+        shown = 3
+        held = "; ".join(result.kept[:shown]) + ("; \u2026" if len(result.kept) > shown else "")
+        parts.append(f"IPython still holds {held}" + ("" if result.deep else deep_hint))
+    if result.note:
+        parts.append(result.note)
+    return "; ".join(parts)

@@ -1,7 +1,8 @@
 """Kernel side of the gpumem front-end extension (``js/``): the right sidebar and the status-bar item.
 
-Nothing heavy is imported here at module import: ipywidgets, IPython and psutil are imported when
-used, torch is only looked up in ``sys.modules`` and CUDA is never initialized.
+Nothing heavy is imported here at module import: ipywidgets and IPython are imported when used.
+The figures come from the shared monitor (:mod:`gpumem.panel.status`), whose sampler is the one
+reader of torch, NVML and psutil; CUDA is never initialized.
 
 Protocol (the TypeScript side is ``js/src/protocol.ts``)
 --------------------------------------------------------
@@ -17,7 +18,7 @@ Sidebar: :func:`show_sidebar` displays ONE output whose bundle holds
 
 Status bar: comm target ``gpumem.status`` (:data:`STATUS_TARGET`), opened by either side.
 
-* kernel -> front end: a status payload (:func:`default_status_payload` gives the shape)::
+* kernel -> front end: a status payload (:func:`gpumem.panel.status.status_payload` gives the shape)::
 
       {"devices": [{"index": 0, "name": "NVIDIA H200", "allocated_bytes": 1, "reserved_bytes": 2,
                     "total_bytes": 3}],
@@ -39,8 +40,9 @@ comms silent for much longer than the liveliest one are dropped (the beacon just
 published to).
 
 Payloads go out from :func:`publish_status` (thread-safe; callable from any thread). While no one else
-publishes, a light daemon thread here publishes :func:`default_status_payload` (or the provider set by
-:func:`set_status_provider`) once a second, and only while a confirmed comm is open.
+publishes, a light daemon thread here publishes the shared monitor's figures (or what the provider set
+by :func:`set_status_provider` returns) once a second, and only while a confirmed comm is open: the
+newest sample when the monitor's sampler runs, else one snapshot read through the monitor.
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import html
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from gpumem.panel.status import StatusPayload, StatusReader
 
 __all__ = [
     "INLINE_NOTE",
@@ -87,8 +90,8 @@ PUBLISH_INTERVAL_S = 1.0
 STALE_COMM_S = 120.0
 # The publisher thread stays quiet while someone else called publish_status this recently.
 _EXTERNAL_QUIET_S = 2.5
-
-StatusPayload = dict[str, Any]
+# Staleness is relative to the liveliest comm, so it needs two to compare.
+_AT_LEAST_TO_COMPARE = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +305,7 @@ def _track(comm: Any, *, confirmed: bool, beacon: bool = False) -> _StatusComm |
     def on_msg(msg: dict[str, Any]) -> None:
         _on_comm_msg(entry, msg)
 
-    def on_close(msg: dict[str, Any]) -> None:
+    def on_close(_msg: dict[str, Any]) -> None:
         _drop(entry)
 
     comm.on_msg(on_msg)
@@ -395,7 +398,7 @@ def _publish(payload: StatusPayload) -> int:
 
 
 def _stale_locked(entries: list[_StatusComm]) -> list[_StatusComm]:
-    if len(entries) < 2:
+    if len(entries) < _AT_LEAST_TO_COMPARE:
         return []
     newest = max(e.last_seen for e in entries)
     return [e for e in entries if e.last_seen < newest - STALE_COMM_S]
@@ -405,66 +408,23 @@ def _stale_locked(entries: list[_StatusComm]) -> list[_StatusComm]:
 # Default payload and publisher thread
 # --------------------------------------------------------------------------------------------
 
-_device_cache: dict[int, tuple[str, int | None]] = {}
-_process: Any = None
-
-
-def _rss_bytes() -> int | None:
-    global _process
-    try:
-        if _process is None:
-            import psutil
-
-            _process = psutil.Process()
-        return int(_process.memory_info().rss)
-    except Exception:
-        return None
-
-
-def _device_props(cuda: Any, index: int) -> tuple[str, int | None]:
-    cached = _device_cache.get(index)
-    if cached is None:
-        try:
-            props = cuda.get_device_properties(index)
-            cached = (str(props.name), int(props.total_memory))
-        except Exception:
-            cached = (f"cuda:{index}", None)
-        _device_cache[index] = cached
-    return cached
+_reader = StatusReader()
 
 
 def default_status_payload() -> StatusPayload:
-    """Host RSS (psutil) and, when the user's code has already initialized CUDA through PyTorch, the
-    caching allocator's figures per device. Never imports torch, never initializes CUDA."""
-    devices: list[dict[str, Any]] = []
-    cuda_in_use = False
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None) if torch is not None else None
-    try:
-        if cuda is not None and cuda.is_initialized():
-            cuda_in_use = True
-            for index in range(int(cuda.device_count())):
-                name, total = _device_props(cuda, index)
-                devices.append(
-                    {
-                        "index": index,
-                        "name": name,
-                        "allocated_bytes": int(cuda.memory_allocated(index)),
-                        "reserved_bytes": int(cuda.memory_reserved(index)),
-                        "total_bytes": total,
-                    }
-                )
-    except Exception:
-        pass
-    return {"devices": devices, "host": {"rss_bytes": _rss_bytes()}, "cuda_in_use": cuda_in_use}
+    """Host RSS and, when the user's code has already initialized CUDA through PyTorch, the caching
+    allocator's figures per device, from the shared monitor's newest sample (or one snapshot read
+    through it when no recent sample is at hand). Never imports torch, never initializes CUDA."""
+    return _reader.now()
 
 
 def _build_payload() -> StatusPayload:
-    provider = _provider or default_status_payload
-    try:
-        return provider()
-    except Exception:
-        return default_status_payload()
+    """The provider's payload, else (also when the provider fails) the default one."""
+    provider = _provider
+    if provider is not None:
+        with contextlib.suppress(Exception):
+            return provider()
+    return default_status_payload()
 
 
 def _ensure_publisher() -> None:
@@ -480,16 +440,21 @@ def _ensure_publisher() -> None:
 
 
 def _publish_loop() -> None:
+    """Publishes the shared monitor's figures, listening to its sampler meanwhile (which it never starts)."""
     global _publisher
-    while not _publisher_stop.wait(PUBLISH_INTERVAL_S):
-        with _lock:
-            if not any(e.confirmed for e in _comms.values()):
-                if _publisher is threading.current_thread():
-                    _publisher = None
-                return
-        if time.monotonic() - _last_external_publish < _EXTERNAL_QUIET_S:
-            continue
-        _publish(_build_payload())
+    _reader.start()
+    try:
+        while not _publisher_stop.wait(PUBLISH_INTERVAL_S):
+            with _lock:
+                if not any(e.confirmed for e in _comms.values()):
+                    if _publisher is threading.current_thread():
+                        _publisher = None
+                    return
+            if time.monotonic() - _last_external_publish < _EXTERNAL_QUIET_S:
+                continue
+            _publish(_build_payload())
+    finally:
+        _reader.stop()
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -5,9 +5,10 @@ Importing this module is cheap; ipywidgets and bqplot are loaded when the first 
 
 from __future__ import annotations
 
-import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from gpumem.panel import writer as registry
 
 if TYPE_CHECKING:
     from gpumem.panel.widget import Panel
@@ -20,17 +21,13 @@ _sidebar: Panel | None = None
 
 def open_panels() -> list[Panel]:
     """The panels not closed yet, oldest first."""
-    module = sys.modules.get("gpumem.panel.widget")
-    panels: list[Panel] = module.open_panels() if module is not None else []
-    return panels
+    return cast("list[Panel]", registry.open_panels())
 
 
 def close_all() -> None:
     """Close every panel: their widgets, the writer thread, and the sampler if a panel started it."""
     global _sidebar
-    module = sys.modules.get("gpumem.panel.widget")
-    if module is not None:
-        module.close_all()
+    registry.close_all()
     with _sidebar_lock:
         _sidebar = None
 

@@ -11,7 +11,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 __all__ = ["CommMessage", "CommRecorder"]
 
@@ -38,7 +41,7 @@ class CommRecorder:
         self._session = Session(key=b"gpumem-traffic", username="user")
         self._parent = self._session.msg_header("execute_request")
 
-    def __enter__(self) -> CommRecorder:
+    def __enter__(self) -> Self:
         import comm
 
         self._saved = comm.create_comm

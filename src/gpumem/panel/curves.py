@@ -1,0 +1,255 @@
+"""The plot of the panel: which lines, read from the monitor's timeline, on which axes, with which marks.
+
+:func:`build_curve_frame` reads one window from :class:`gpumem.core.timeline.Timeline` (the one store
+of samples, min/max-decimated there so that every sampled peak stays visible) and computes everything
+one push of the plot needs, without any widget. :func:`curve_interval_s` says when the next push is due.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from gpumem.core.timeline import Timeline
+from gpumem.core.units import GIB, MIB, format_bytes
+from gpumem.panel.options import MAX_POINTS_PER_LINE, MIN_POINTS_PER_LINE, PanelOptions
+
+__all__ = [
+    "CAPACITY_COLOR",
+    "MARK_COLOR",
+    "Curve",
+    "CurveFrame",
+    "build_curve_frame",
+    "choose_curves",
+    "curve_interval_s",
+    "nice_axis",
+    "render_legend",
+]
+
+# Pushing faster than the window scrolls by one pixel of this nominal width draws nothing new.
+NOMINAL_PLOT_WIDTH_PX = 1000
+# Marker labels beyond this many in the window are dropped, oldest first, to keep them readable.
+MAX_CELL_MARKS = 40
+# Bytes added to each pushed message on top of its arrays (JSON state and the Jupyter message header).
+MESSAGE_OVERHEAD_BYTES = 900
+# The window "all" is pushed at most this often; with no fixed span there is no scroll speed to follow.
+_ALL_WINDOW_INTERVAL_S = 5.0
+# Before the timeline holds this much, the x axis still spans this many seconds.
+_MIN_X_SPAN_S = 10.0
+
+_BLUE = "#2563eb"
+_LIGHT_BLUE = "#7fb0f5"
+_GREY = "#6b7280"
+_GREEN = "#16a34a"
+CAPACITY_COLOR = "#dc2626"
+MARK_COLOR = "#9ca3af"
+# Allocated curves per device in the all-devices view; reserved uses the same colour, fainter.
+_DEVICE_COLORS = ("#2563eb", "#d97706", "#059669", "#7c3aed", "#db2777", "#0891b2", "#65a30d", "#b91c1c")
+
+
+class Curve(NamedTuple):
+    """One plotted line: the timeline channel it reads and how it is drawn."""
+
+    channel: str
+    label: str
+    color: str
+    opacity: float
+
+
+def choose_curves(channels: Sequence[str], device: int | None, show_host: bool) -> tuple[Curve, ...]:
+    """Lines for the channels the timeline has: allocated, reserved and device used per device, host RSS.
+
+    With every device shown and several of them, the device-used line is left out (one colour per
+    device, reserved fainter) so that eight GPUs stay readable; the header still lists it.
+    """
+    present = set(channels)
+    indices = sorted(
+        {int(name.split("/")[0].removeprefix("cuda:")) for name in present if name.startswith("cuda:") and "/" in name}
+    )
+    if device is not None and device in indices:
+        indices = [device]
+    curves: list[Curve] = []
+    several = len(indices) > 1
+    for position, index in enumerate(indices):
+        prefix = f"cuda:{index}"
+        color = _DEVICE_COLORS[position % len(_DEVICE_COLORS)] if several else _BLUE
+        tag = f"{prefix} " if several else ""
+        if f"{prefix}/allocated" in present:
+            curves.append(Curve(f"{prefix}/allocated", f"{tag}allocated", color, 1.0))
+        if f"{prefix}/reserved" in present:
+            curves.append(
+                Curve(
+                    f"{prefix}/reserved", f"{tag}reserved", color if several else _LIGHT_BLUE, 0.45 if several else 1.0
+                )
+            )
+        if f"{prefix}/used" in present and not several:
+            curves.append(Curve(f"{prefix}/used", "device used (all processes)", _GREY, 0.9))
+    if "host/rss" in present and (show_host or not indices):
+        curves.append(Curve("host/rss", "host RSS", _GREEN, 1.0))
+    return tuple(curves)
+
+
+class CurveFrame(NamedTuple):
+    """One push of the plot: shared x, one row of y per curve, axis ranges, capacity and cell markers."""
+
+    x_ms: np.ndarray  # float64 wall-clock milliseconds (the date scale's unit)
+    y: np.ndarray  # float32, shape (len(curves), len(x_ms)), in ``unit``
+    curves: tuple[Curve, ...]
+    unit: str
+    unit_bytes: int
+    x_min_ms: float
+    x_max_ms: float
+    y_max: float
+    y_ticks: tuple[float, ...]
+    capacity: tuple[float, ...]  # per shown device, in ``unit``; only those within the y range
+    capacity_off_scale: tuple[float, ...]  # capacities above the y range, in bytes
+    mark_x_ms: np.ndarray
+    mark_labels: tuple[str, ...]
+
+    @property
+    def points_per_line(self) -> int:
+        return len(self.x_ms)
+
+    @property
+    def payload_bytes(self) -> int:
+        """What one push sends: x, y, markers and a fixed allowance per message."""
+        marks = self.mark_x_ms.size * (8 + 8 + 8) + sum(len(label) + 4 for label in self.mark_labels)
+        return int(self.x_ms.nbytes + self.y.nbytes + marks + 6 * MESSAGE_OVERHEAD_BYTES)
+
+
+def _unit_for(max_bytes: float) -> tuple[str, int]:
+    return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
+
+
+def nice_axis(top: float, target: int = 5) -> tuple[float, tuple[float, ...]]:
+    """An axis from 0 covering ``top``: round steps (1, 2, 2.5 or 5 times a power of ten) and its ticks."""
+    if not (top > 0 and math.isfinite(top)):
+        return 1.0, (0.0, 0.5, 1.0)
+    raw = top / target
+    base = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * base for m in (1, 2, 2.5, 5, 10) if m * base >= raw * (1 - 1e-9))
+    count = max(1, math.ceil(top / step - 1e-9))
+    ticks = tuple(round(i * step, 10) for i in range(count + 1))
+    return ticks[-1], ticks
+
+
+def build_curve_frame(
+    timeline: Timeline,
+    options: PanelOptions,
+    now_s: float,
+    wall_offset_s: float,
+    capacities: Mapping[int, int],
+) -> CurveFrame:
+    """Read the window from the timeline, min/max-decimated to ``options.points_per_line``.
+
+    ``wall_offset_s`` turns monotonic seconds into wall-clock seconds (for a time-of-day axis);
+    ``capacities`` maps device index to total bytes.
+    """
+    curves = choose_curves(timeline.channels, options.device, options.show_host)
+    start = -math.inf if options.window_s is None else now_s - options.window_s
+    points = max(MIN_POINTS_PER_LINE, min(options.points_per_line, MAX_POINTS_PER_LINE))
+    times, data = _read_window(timeline, start, now_s, points, [c.channel for c in curves])
+    finite = data[np.isfinite(data)]
+    data_max = float(finite.max()) if finite.size else 0.0
+    shown_devices = sorted({int(c.channel.split("/")[0][5:]) for c in curves if c.channel.startswith("cuda:")})
+    caps = [capacities[d] for d in shown_devices if capacities.get(d)]
+    top = data_max * 1.08
+    if caps and (options.full_scale or max(caps) <= data_max * 1.6):
+        top = max(top, max(caps) * 1.02)
+    unit, unit_bytes = _unit_for(max(top, data_max))
+    y_max, y_ticks = nice_axis(top / unit_bytes)
+    x_min = _x_min(options.window_s, times, now_s)
+    marks = timeline.marks(x_min, now_s)[-MAX_CELL_MARKS:]
+    return CurveFrame(
+        x_ms=(times + wall_offset_s) * 1000.0,
+        y=(data / unit_bytes).astype(np.float32),
+        curves=curves,
+        unit=unit,
+        unit_bytes=unit_bytes,
+        x_min_ms=(x_min + wall_offset_s) * 1000.0,
+        x_max_ms=(now_s + wall_offset_s) * 1000.0,
+        y_max=y_max,
+        y_ticks=y_ticks,
+        capacity=tuple(sorted({c / unit_bytes for c in caps if c / unit_bytes <= y_max})),
+        capacity_off_scale=tuple(sorted({float(c) for c in caps if c / unit_bytes > y_max})),
+        mark_x_ms=np.asarray([(m.time_s + wall_offset_s) * 1000.0 for m in marks], dtype=np.float64),
+        mark_labels=tuple(_mark_label(m.label) for m in marks),
+    )
+
+
+def _read_window(
+    timeline: Timeline, start_s: float, end_s: float, points: int, channels: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shared times and one row per channel (NaN where a channel has no value)."""
+    series = timeline.window(start_s, end_s, points)
+    times = np.asarray(series.times, dtype=np.float64)
+    rows = [np.asarray(series.values.get(c, [math.nan] * len(times)), dtype=np.float64) for c in channels]
+    return times, (np.vstack(rows) if rows else np.zeros((0, len(times))))
+
+
+def _x_min(window_s: float | None, times: np.ndarray, now_s: float) -> float:
+    """The window's start, or the oldest sample when that is later; at least a few seconds back."""
+    if window_s is None:
+        x_min = float(times[0]) if times.size else now_s - 60
+    else:
+        x_min = now_s - window_s
+        if times.size:
+            x_min = max(x_min, float(times[0]))
+    return min(x_min, now_s - _MIN_X_SPAN_S)
+
+
+def _mark_label(label: str) -> str:
+    text = label.strip()
+    return f"[{text}]" if text.isdigit() else text[:24]
+
+
+def curve_interval_s(options: PanelOptions, payload_bytes: int) -> float:
+    """Seconds until the next curve push: the rate cap, one pixel of scroll, and the byte budget."""
+    interval = 1.0 / options.rate_hz
+    if options.window_s is not None:
+        interval = max(interval, options.window_s / NOMINAL_PLOT_WIDTH_PX)
+    else:
+        interval = max(interval, _ALL_WINDOW_INTERVAL_S)
+    return max(interval, payload_bytes / options.budget_bytes_per_s)
+
+
+def render_legend(frame: CurveFrame) -> str:
+    """Swatches for each curve, the capacity line and the cell markers, as HTML."""
+    devices = {c.channel.split("/")[0] for c in frame.curves if c.channel.startswith("cuda:")}
+    if len(devices) > 1:
+        # One chip per device; the line style is explained once.
+        items = [
+            f'<span class="gm-key"><i style="background:{c.color}"></i>{html.escape(c.channel.split("/")[0])}</span>'
+            for c in frame.curves
+            if c.channel.endswith("/allocated")
+        ]
+        items.append('<span class="gm-key gm-dim">solid: allocated, faint: reserved</span>')
+        items.extend(
+            f'<span class="gm-key"><i style="background:{c.color}"></i>{html.escape(c.label)}</span>'
+            for c in frame.curves
+            if not c.channel.startswith("cuda:")
+        )
+    else:
+        items = [
+            f'<span class="gm-key"><i style="background:{c.color};opacity:{c.opacity}"></i>'
+            f"{html.escape(c.label)}</span>"
+            for c in frame.curves
+        ]
+    if frame.capacity:
+        items.append(
+            f'<span class="gm-key"><i class="gm-dash" style="border-color:{CAPACITY_COLOR}"></i>capacity</span>'
+        )
+    if frame.capacity_off_scale:
+        text = ", ".join(format_bytes(c) for c in frame.capacity_off_scale)
+        items.append(
+            f'<span class="gm-key gm-dim" title="Tick Full scale to see it">capacity {text} (above the plot)</span>'
+        )
+    if frame.mark_labels:
+        items.append(
+            f'<span class="gm-key"><i class="gm-vline" style="border-color:{MARK_COLOR}"></i>cell start / Free</span>'
+        )
+    return '<div class="gm-legend">' + "".join(items) + "</div>"

@@ -1,0 +1,306 @@
+"""The header of the panel: the figures per device and for the host, as a model and as HTML.
+
+:func:`build_header` computes every figure from a snapshot, the device descriptions and the peaks
+since open, without any widget, so tests check them exactly; :func:`render_header` turns the model
+into the HTML the panel's stylesheet styles.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from gpumem.core.sources import DeviceInfo, Snapshot
+from gpumem.core.units import format_bytes
+from gpumem.panel.readings import PeakTracker, capacities_of, device_indices
+
+__all__ = ["DeviceFigures", "HeaderModel", "HostFigures", "build_header", "render_header"]
+
+
+class DeviceFigures(NamedTuple):
+    """One device's figures for the header; None means not measurable now (shown as n/a)."""
+
+    device: int
+    name: str | None
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    used_bytes: int | None  # whole device, NVML
+    total_bytes: int | None
+    peak_allocated_bytes: int | None  # since the panel opened (or Reset peak)
+    peak_exact: bool
+
+    @property
+    def fragmentation_bytes(self) -> int | None:
+        """Reserved but not allocated: cached by PyTorch, held from other processes, used by no tensor."""
+        if self.allocated_bytes is None or self.reserved_bytes is None:
+            return None
+        return self.reserved_bytes - self.allocated_bytes
+
+    @property
+    def capacity_fraction(self) -> float | None:
+        """Whole-device use over capacity (NVML), else PyTorch's reserved over capacity."""
+        if not self.total_bytes:
+            return None
+        numerator = self.used_bytes if self.used_bytes is not None else self.reserved_bytes
+        return None if numerator is None else numerator / self.total_bytes
+
+
+class HostFigures(NamedTuple):
+    rss_bytes: int
+    peak_rss_bytes: int | None  # since the panel opened (or Reset peak)
+    peak_exact: bool
+    available_bytes: int
+    total_bytes: int
+
+
+class HeaderModel(NamedTuple):
+    """Everything the header shows, ready to render."""
+
+    devices: tuple[DeviceFigures, ...]
+    host: HostFigures | None
+    notes: tuple[str, ...]  # plain sentences: why something is not shown
+    cuda_in_use: bool
+
+
+def _reason(status: Mapping[str, str], key: str) -> str | None:
+    value = status.get(key)
+    if value is None or value == "ok":
+        return None
+    return value.removeprefix("unavailable: ")
+
+
+def build_header(
+    snapshot: Snapshot | None,
+    infos: Mapping[int, DeviceInfo | None],
+    device_peaks: Mapping[int, PeakTracker],
+    host_peak: PeakTracker | None,
+    status: Mapping[str, str],
+    device: int | None = None,
+) -> HeaderModel:
+    """Figures per device (only ``device`` when given) and for the host, with plain-language notes."""
+    if snapshot is None:
+        return HeaderModel((), None, ("Waiting for the first sample.",), False)
+    indices = device_indices(snapshot)
+    notes = _device_notes(snapshot, indices, status)
+    if device is not None and indices and device not in indices:
+        notes.append(f"cuda:{device} is not visible to this process; showing every device.")
+        device = None
+    capacities = capacities_of(snapshot, infos)
+    figures = tuple(
+        _device_figures(snapshot, index, infos.get(index), capacities.get(index), device_peaks.get(index))
+        for index in indices
+        if device is None or index == device
+    )
+    host: HostFigures | None = None
+    if snapshot.host is not None:
+        host = HostFigures(
+            rss_bytes=snapshot.host.rss_bytes,
+            peak_rss_bytes=_int_or_none(host_peak.value) if host_peak is not None else None,
+            peak_exact=host_peak.exact if host_peak is not None else False,
+            available_bytes=snapshot.host.available_bytes,
+            total_bytes=snapshot.host.total_bytes,
+        )
+    elif not indices:
+        notes.append(_sentence(f"Host memory: {_reason(status, 'host') or 'unavailable'}"))
+    return HeaderModel(figures, host, tuple(notes), bool(snapshot.allocator))
+
+
+def _device_notes(snapshot: Snapshot, indices: Sequence[int], status: Mapping[str, str]) -> list[str]:
+    """Why PyTorch's or NVML's figures are missing, in a sentence."""
+    torch_reason = _reason(status, "torch")
+    nvml_reason = _reason(status, "nvml")
+    if not indices:
+        return [_sentence(f"No CUDA device is in use: {torch_reason or 'no GPU is visible to this process'}")]
+    if not snapshot.allocator:
+        why = torch_reason or "not initialized"
+        return [f"PyTorch's figures appear once CUDA is in use ({why}); device used is the whole GPU, all processes."]
+    if nvml_reason:
+        return [f"Device used: unavailable ({nvml_reason.rstrip('.?')}); capacity from PyTorch."]
+    return []
+
+
+def _device_figures(
+    snapshot: Snapshot, index: int, info: DeviceInfo | None, total: int | None, tracker: PeakTracker | None
+) -> DeviceFigures:
+    allocator = snapshot.allocator_for(index)
+    nvml = snapshot.device_for(index)
+    return DeviceFigures(
+        device=index,
+        name=info.name if info is not None else None,
+        allocated_bytes=allocator.allocated_bytes if allocator is not None else None,
+        reserved_bytes=allocator.reserved_bytes if allocator is not None else None,
+        used_bytes=nvml.used_bytes if nvml is not None else None,
+        total_bytes=total,
+        peak_allocated_bytes=_int_or_none(tracker.value) if tracker is not None and allocator else None,
+        peak_exact=tracker.exact if tracker is not None else False,
+    )
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _size(value: int | None) -> str:
+    return "n/a" if value is None else format_bytes(value)
+
+
+def _peak(value: int | None, exact: bool) -> str:
+    if value is None:
+        return "n/a"
+    return format_bytes(value) if exact else f"≥ {format_bytes(value)}"
+
+
+_PEAK_TIP = (
+    "Highest PyTorch allocation since the panel opened or Reset peak. Exact when PyTorch's own peak counter "
+    "covers that time; '≥' marks the highest sampled value, a lower bound."
+)
+_FRAG_TIP = (
+    "reserved - allocated: cached by PyTorch but used by no tensor (fragmentation). Free returns it to the driver."
+)
+_USED_TIP = "Whole device as NVML reports it: every process, CUDA contexts included."
+
+
+def _card(label: str, value: str, tip: str, css: str = "", sub: str = "") -> str:
+    sub_html = f'<div class="gm-sub">{html.escape(sub)}</div>' if sub else ""
+    return (
+        f'<div class="gm-card {css}" title="{html.escape(tip)}"><div class="gm-label">{html.escape(label)}</div>'
+        f'<div class="gm-value">{html.escape(value)}</div>{sub_html}</div>'
+    )
+
+
+def _bar(figures: DeviceFigures, threshold: float, alert: bool) -> str:
+    """A capacity bar: allocated, then reserved, then the rest of device used, with the threshold tick."""
+    total = figures.total_bytes
+    if not total:
+        return ""
+    allocated = figures.allocated_bytes or 0
+    reserved = max(figures.reserved_bytes or 0, allocated)
+    used = max(figures.used_bytes if figures.used_bytes is not None else reserved, reserved)
+    parts = [(allocated, "gm-a"), (reserved - allocated, "gm-r"), (used - reserved, "gm-u")]
+    segments = "".join(
+        f'<span class="{css}" style="width:{100 * min(size, total) / total:.2f}%"></span>'
+        for size, css in parts
+        if size > 0
+    )
+    return (
+        f'<div class="gm-bar{" gm-alert" if alert else ""}">{segments}'
+        f'<span class="gm-tick" style="left:{100 * threshold:.1f}%" title="threshold {100 * threshold:.0f}%">'
+        "</span></div>"
+    )
+
+
+def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
+    """The header's HTML (classes styled by the panel's stylesheet) and whether any device is over threshold."""
+    alert = any((f.capacity_fraction or 0) >= threshold for f in model.devices)
+    parts: list[str] = ['<div class="gm-header">']
+    if len(model.devices) == 1:
+        parts.append(_render_single(model.devices[0], threshold))
+    elif model.devices:
+        parts.append(_render_table(model.devices, threshold))
+    if model.host is not None:
+        host = model.host
+        if model.devices:
+            parts.append(
+                f'<div class="gm-host">Host: RSS {format_bytes(host.rss_bytes)} · peak since open '
+                f"{_peak(host.peak_rss_bytes, host.peak_exact)} · machine {format_bytes(host.total_bytes)}, "
+                f"{format_bytes(host.available_bytes)} available</div>"
+            )
+        else:
+            fraction = 1 - host.available_bytes / host.total_bytes if host.total_bytes else 0.0
+            parts.append('<div class="gm-title">Host memory</div>')
+            parts.append('<div class="gm-cards">')
+            parts.append(_card("process RSS", format_bytes(host.rss_bytes), "Resident memory of this kernel process."))
+            parts.append(
+                _card(
+                    "peak since open",
+                    _peak(host.peak_rss_bytes, host.peak_exact),
+                    "Highest RSS since the panel opened or Reset peak ('≥': highest sampled value).",
+                )
+            )
+            parts.append(
+                _card(
+                    "machine in use",
+                    f"{100 * fraction:.0f} %",
+                    "All processes on this machine, from the memory the OS reports as available.",
+                    sub=f"{format_bytes(host.total_bytes - host.available_bytes)} of {format_bytes(host.total_bytes)}",
+                )
+            )
+            parts.append("</div>")
+    parts.extend(f'<div class="gm-note">{html.escape(note)}</div>' for note in model.notes)
+    parts.append("</div>")
+    return "".join(parts), alert
+
+
+def _device_title(figures: DeviceFigures) -> str:
+    name = f" · {figures.name}" if figures.name else ""
+    total = f" · {format_bytes(figures.total_bytes)}" if figures.total_bytes else ""
+    return f"cuda:{figures.device}{name}{total}"
+
+
+def _render_single(figures: DeviceFigures, threshold: float) -> str:
+    fraction = figures.capacity_fraction
+    alert = fraction is not None and fraction >= threshold
+    percent = "n/a" if fraction is None else f"{100 * fraction:.1f} %"
+    state = f"over the {100 * threshold:.0f} % threshold" if alert else f"threshold {100 * threshold:.0f} %"
+    basis = "device used" if figures.used_bytes is not None else "reserved"
+    cards = [
+        _card("allocated", _size(figures.allocated_bytes), "Memory held by live PyTorch tensors.", "gm-c-a"),
+        _card(
+            "reserved",
+            _size(figures.reserved_bytes),
+            "Memory PyTorch's caching allocator holds from the driver.",
+            "gm-c-r",
+        ),
+        _card(
+            "device used",
+            _size(figures.used_bytes),
+            _USED_TIP,
+            "gm-c-u",
+            sub=f"of {_size(figures.total_bytes)}",
+        ),
+        _card(
+            "of capacity",
+            percent,
+            f"{basis.capitalize()} over the device's capacity; the header turns red at the threshold.",
+            "gm-c-alert" if alert else "",
+            sub=state,
+        ),
+        _card("peak since open", _peak(figures.peak_allocated_bytes, figures.peak_exact), _PEAK_TIP),
+        _card("fragmentation", _size(figures.fragmentation_bytes), _FRAG_TIP, sub="reserved - allocated"),
+    ]
+    return (
+        f'<div class="gm-title">{html.escape(_device_title(figures))}</div>'
+        f"{_bar(figures, threshold, alert)}"
+        f'<div class="gm-cards">{"".join(cards)}</div>'
+    )
+
+
+def _render_table(devices: Sequence[DeviceFigures], threshold: float) -> str:
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("device", "allocated", "reserved", "device used", "of capacity", "peak since open", "fragmentation")
+    )
+    rows: list[str] = []
+    for f in devices:
+        fraction = f.capacity_fraction
+        alert = fraction is not None and fraction >= threshold
+        name = f" {html.escape(f.name)}" if f.name else ""
+        cells = (
+            f'<td title="{html.escape(_device_title(f))}">cuda:{f.device}<span class="gm-dim">{name}</span></td>',
+            f"<td>{_size(f.allocated_bytes)}</td>",
+            f"<td>{_size(f.reserved_bytes)}</td>",
+            f'<td title="{html.escape(_USED_TIP)}">{_size(f.used_bytes)} / {_size(f.total_bytes)}</td>',
+            f"<td>{'n/a' if fraction is None else f'{100 * fraction:.1f} %'}</td>",
+            f"<td>{html.escape(_peak(f.peak_allocated_bytes, f.peak_exact))}</td>",
+            f"<td>{_size(f.fragmentation_bytes)}</td>",
+        )
+        rows.append(f'<tr class="{"gm-row-alert" if alert else ""}">{"".join(cells)}</tr>')
+    return (
+        f'<div class="gm-title">{len(devices)} CUDA devices · threshold {100 * threshold:.0f} %</div>'
+        f'<table class="gm-table"><tr>{head}</tr>{"".join(rows)}</table>'
+    )

@@ -1,0 +1,158 @@
+"""What one panel shows and how often it may send: :class:`PanelOptions`, its defaults and its parsers.
+
+The parsers take what ``%gpumem monitor`` and ``Panel(...)`` take and raise ``ValueError`` with one
+line that says what is accepted. The device is parsed by :func:`gpumem.core.devices.parse_cuda_device`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+from gpumem.core.devices import parse_cuda_device
+
+__all__ = [
+    "DEFAULT_BUDGET_BYTES_PER_S",
+    "DEFAULT_POINTS_PER_LINE",
+    "DEFAULT_RATE_HZ",
+    "DEFAULT_THRESHOLD",
+    "DEFAULT_WINDOW_S",
+    "MAX_POINTS_PER_LINE",
+    "MAX_RATE_HZ",
+    "MIN_POINTS_PER_LINE",
+    "MIN_RATE_HZ",
+    "WINDOW_PRESETS",
+    "PanelOptions",
+    "make_options",
+    "parse_rate",
+    "parse_threshold",
+    "parse_window",
+    "window_label",
+]
+
+# The panel's four time windows; None means everything the timeline still holds.
+WINDOW_PRESETS: tuple[tuple[str, float | None], ...] = (
+    ("1 min", 60.0),
+    ("10 min", 600.0),
+    ("1 h", 3600.0),
+    ("all", None),
+)
+DEFAULT_WINDOW_S = 600.0
+MIN_WINDOW_S = 5.0
+DEFAULT_THRESHOLD = 0.9
+# Curves and header are pushed at most this often; bqplot re-sends and redraws whole lines each time.
+DEFAULT_RATE_HZ = 2.0
+MIN_RATE_HZ = 0.2
+MAX_RATE_HZ = 10.0
+# A line is drawn across ~1000 px: min/max pairs at one per pixel keep every peak visible.
+DEFAULT_POINTS_PER_LINE = 1000
+MIN_POINTS_PER_LINE = 4
+MAX_POINTS_PER_LINE = 2000
+# Curve data budget; with the header (sent only when its text changes) the panel stays under 50 KB/s.
+DEFAULT_BUDGET_BYTES_PER_S = 36_000
+
+
+class PanelOptions(NamedTuple):
+    """What one panel shows and how often it may send."""
+
+    window_s: float | None = DEFAULT_WINDOW_S  # None: all history the timeline holds
+    device: int | None = None  # None: every device
+    threshold: float = DEFAULT_THRESHOLD  # fraction of capacity at which the header turns red
+    rate_hz: float = DEFAULT_RATE_HZ
+    show_host: bool = False
+    full_scale: bool = False  # y axis up to the device capacity
+    points_per_line: int = DEFAULT_POINTS_PER_LINE
+    budget_bytes_per_s: int = DEFAULT_BUDGET_BYTES_PER_S
+
+
+def make_options(
+    *,
+    window: str | float | None = DEFAULT_WINDOW_S,
+    device: str | int | None = None,
+    threshold: str | float = DEFAULT_THRESHOLD,
+    rate_hz: str | float = DEFAULT_RATE_HZ,
+    host: bool = False,
+    full_scale: bool = False,
+    points_per_line: int = DEFAULT_POINTS_PER_LINE,
+) -> PanelOptions:
+    """``Panel(...)``'s keyword arguments, checked and parsed."""
+    if isinstance(points_per_line, bool) or not isinstance(points_per_line, int):
+        raise TypeError(f"points_per_line must be a whole number between 4 and 2000, not {points_per_line!r}")
+    options = PanelOptions(
+        window_s=parse_window(window),
+        device=parse_cuda_device(device),
+        threshold=parse_threshold(threshold),
+        rate_hz=parse_rate(rate_hz),
+        show_host=bool(host),
+        full_scale=bool(full_scale),
+        points_per_line=points_per_line,
+    )
+    if not MIN_POINTS_PER_LINE <= options.points_per_line <= MAX_POINTS_PER_LINE:
+        raise ValueError(f"points_per_line must be between 4 and 2000, not {points_per_line!r}")
+    return options
+
+
+_DURATION = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hour|hours)?\s*$"
+)
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_window(value: str | float | None) -> float | None:
+    """``'10min'``, ``'1 h'``, ``'90s'``, ``600`` (seconds) or ``'all'`` (None) -> seconds."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        if text in ("all", "everything"):
+            return None
+        match = _DURATION.match(text)
+        if match is None:
+            raise ValueError(f"window must be a duration such as 1min, 10min, 1h or all, not {value!r}")
+        unit = (match.group(2) or "s")[0]
+        seconds = float(match.group(1)) * _UNIT_S["h" if unit == "h" else unit]
+    if not (math.isfinite(seconds) and seconds >= MIN_WINDOW_S):
+        raise ValueError(f"window must be at least 5 seconds, not {value!r}")
+    return seconds
+
+
+def window_label(window_s: float | None) -> str:
+    """The preset's name, or a short duration (``'5 min'``, ``'90 s'``, ``'2 h'``)."""
+    for label, seconds in WINDOW_PRESETS:
+        if seconds == window_s:
+            return label
+    assert window_s is not None
+    if window_s % 3600 == 0:
+        return f"{window_s / 3600:g} h"
+    if window_s % 60 == 0:
+        return f"{window_s / 60:g} min"
+    return f"{window_s:g} s"
+
+
+def parse_threshold(value: str | float) -> float:
+    """``0.9``, ``'90%'`` or ``90`` -> 0.9: the fraction of capacity that turns the header red."""
+    text = str(value).strip()
+    percent = text.endswith("%")
+    try:
+        number = float(text.rstrip("%").strip())
+    except ValueError:
+        raise ValueError(f"threshold must be a fraction (0.9) or a percentage (90%), not {value!r}") from None
+    if percent or number > 1:
+        number /= 100
+    if not (math.isfinite(number) and 0 < number <= 1):
+        raise ValueError(f"threshold must be between 0 and 100%, not {value!r}")
+    return number
+
+
+def parse_rate(value: str | float) -> float:
+    """Updates per second, between 0.2 and 10."""
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"rate must be a number of updates per second, not {value!r}") from None
+    if not (math.isfinite(rate) and MIN_RATE_HZ <= rate <= MAX_RATE_HZ):
+        raise ValueError(f"rate must be between {MIN_RATE_HZ:g} and {MAX_RATE_HZ:g} updates per second, not {value!r}")
+    return rate

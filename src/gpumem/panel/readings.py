@@ -1,0 +1,203 @@
+"""What the panel and the status bar take from the shared monitor, without reading anything themselves.
+
+The monitor's sampler is the one reader of torch, NVML and psutil. A :class:`Readings` listens to it
+and keeps the newest snapshot and the names and capacities of the devices it saw; a
+:class:`PeaksSinceOpen` folds every snapshot into the peaks since a panel opened; a
+:class:`SamplerClaim` keeps the sampler running while someone shows its figures.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Hashable, Mapping
+
+from gpumem.core.monitor import Monitor
+from gpumem.core.sources import DeviceInfo, Snapshot
+
+__all__ = [
+    "PeakTracker",
+    "PeaksSinceOpen",
+    "Readings",
+    "SamplerClaim",
+    "capacities_of",
+    "describe_device",
+    "device_indices",
+]
+
+
+class PeakTracker:
+    """Highest value since a start instant, from samples and a monotone peak counter.
+
+    The allocator's peak counter is exact but may predate the start (then it says nothing about
+    the time since) or be reset by someone else. It is trusted once it rises above its value at the
+    start, or once it drops (a reset happened after the start). Otherwise the highest sampled value
+    is shown as a lower bound (``exact`` is False).
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._sampled: float | None = None
+        self._counter_start: float | None = None
+        self._counter_last: float | None = None
+        self._counter_peak: float | None = None
+        self._was_reset = False
+
+    def update(self, current: float, counter: float | None) -> None:
+        self._sampled = current if self._sampled is None else max(self._sampled, current)
+        if counter is None:
+            return
+        if self._counter_start is None:
+            self._counter_start = self._counter_last = counter
+            return
+        last = self._counter_last if self._counter_last is not None else counter
+        if counter < last:
+            self._was_reset = True
+        self._counter_last = counter
+        if self._was_reset or counter > self._counter_start:
+            self._counter_peak = counter if self._counter_peak is None else max(self._counter_peak, counter)
+
+    @property
+    def value(self) -> float | None:
+        candidates = [v for v in (self._sampled, self._counter_peak) if v is not None]
+        return max(candidates) if candidates else None
+
+    @property
+    def exact(self) -> bool:
+        """True when the counter has covered the whole time since the start without a reset."""
+        return self._counter_peak is not None and not self._was_reset and self._counter_peak >= (self._sampled or 0)
+
+
+class PeaksSinceOpen:
+    """Per device and for the host: the peak since the panel opened (or Reset peak)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._devices: dict[int, PeakTracker] = {}
+        self._host = PeakTracker()
+
+    def note(self, snapshot: Snapshot) -> None:
+        """Sampler thread (and the panel's own first read): fold one snapshot in."""
+        with self._lock:
+            for reading in snapshot.allocator:
+                tracker = self._devices.get(reading.device)
+                if tracker is None:
+                    tracker = self._devices[reading.device] = PeakTracker()
+                tracker.update(reading.allocated_bytes, reading.peak_allocated_bytes)
+            if snapshot.host is not None:
+                self._host.update(snapshot.host.rss_bytes, snapshot.host.peak_rss_bytes)
+
+    def restart(self, baseline: Snapshot | None) -> None:
+        """Forget every peak; ``baseline`` (the newest snapshot) is the first value of the new span."""
+        with self._lock:
+            for tracker in self._devices.values():
+                tracker.reset()
+            self._host.reset()
+        if baseline is not None:
+            self.note(baseline)
+
+    def frozen(self) -> tuple[dict[int, PeakTracker], PeakTracker]:
+        """Copies the writer can read while the sampler thread keeps updating the originals."""
+        with self._lock:
+            return {index: copy.copy(tracker) for index, tracker in self._devices.items()}, copy.copy(self._host)
+
+
+class Readings:
+    """The newest snapshot the sampler took, and what each device it showed is (name, capacity).
+
+    Device descriptions are looked up once per device, on the thread that delivers the first snapshot
+    showing it (the sampler's, for every snapshot after the first), so readers never call the source.
+    """
+
+    def __init__(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+        self._lock = threading.Lock()
+        self._latest: Snapshot | None = None
+        self._noted_at = -1.0
+        self._infos: dict[int, DeviceInfo | None] = {}
+
+    @property
+    def monitor(self) -> Monitor:
+        return self._monitor
+
+    def note(self, snapshot: Snapshot) -> None:
+        """The sampler's listener: keep the snapshot and describe devices seen for the first time."""
+        for index in device_indices(snapshot):
+            if index not in self._infos:
+                info = describe_device(self._monitor, index)
+                with self._lock:
+                    self._infos[index] = info
+        with self._lock:
+            self._latest = snapshot
+            self._noted_at = time.monotonic()
+
+    def latest(self, max_age_s: float | None = None) -> Snapshot | None:
+        """The newest snapshot, or None when there is none (or none newer than ``max_age_s``)."""
+        with self._lock:
+            if max_age_s is not None and time.monotonic() - self._noted_at > max_age_s:
+                return None
+            return self._latest
+
+    def infos(self) -> dict[int, DeviceInfo | None]:
+        with self._lock:
+            return dict(self._infos)
+
+    def capacities(self) -> dict[int, int]:
+        """Total bytes per device of the newest snapshot (see :func:`capacities_of`)."""
+        snapshot = self.latest()
+        return capacities_of(snapshot, self.infos()) if snapshot is not None else {}
+
+
+def capacities_of(snapshot: Snapshot, infos: Mapping[int, DeviceInfo | None]) -> dict[int, int]:
+    """Total bytes per device: NVML's figure, else the device description's (PyTorch's properties)."""
+    capacities = {reading.device: reading.total_bytes for reading in snapshot.devices}
+    for index in device_indices(snapshot):
+        info = infos.get(index)
+        if index not in capacities and info is not None:
+            capacities[index] = info.total_bytes
+    return capacities
+
+
+def describe_device(monitor: Monitor, index: int) -> DeviceInfo | None:
+    """Name and capacity of one device, or None when the source cannot say."""
+    try:
+        return monitor.source.device_info(index)
+    except Exception:
+        return None
+
+
+def device_indices(snapshot: Snapshot) -> tuple[int, ...]:
+    """The devices a snapshot shows, PyTorch's and NVML's together, in order."""
+    return tuple(sorted({r.device for r in snapshot.allocator} | {d.device for d in snapshot.devices}))
+
+
+class SamplerClaim:
+    """One user's claim on the monitor's sampler, taken and given back at most once each."""
+
+    def __init__(self, monitor: Monitor, user: Hashable, enabled: bool = True) -> None:
+        self._monitor = monitor
+        self._user = user
+        self._enabled = enabled
+        self._lock = threading.Lock()
+        self._held = False
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def take(self) -> None:
+        with self._lock:
+            if not self._enabled or self._held:
+                return
+            self._held = True
+        self._monitor.acquire(self._user)
+
+    def give_back(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._monitor.release(self._user)
