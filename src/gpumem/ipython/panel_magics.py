@@ -15,7 +15,7 @@ from gpumem.ipython.arguments import (
     magic_arguments,
     parse_argstring,
 )
-from gpumem.panel.frame import DEFAULT_RATE_HZ, parse_rate, parse_threshold, parse_window
+from gpumem.panel.options import DEFAULT_RATE_HZ, parse_rate, parse_threshold, parse_window
 from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
 
 if TYPE_CHECKING:
