@@ -12,7 +12,7 @@ Goal: at most 50 ms.
 from __future__ import annotations
 
 import argparse
-import datetime
+import datetime as dt
 import json
 import platform
 import statistics
@@ -90,7 +90,7 @@ def main() -> None:
     full = timed(walk_and_render, args.runs)
     model_row = next(row for row in report.holders if row.name == "model")
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": args.device,
         "device_name": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor(),
         "torch": torch.__version__,
@@ -113,15 +113,19 @@ def main() -> None:
     lines = [
         f"### `%gpumem who` walk ({result['device']}: {result['device_name']}, torch {result['torch']})",
         "",
-        f"{variables} variables incl. a {parameters / 1e6:.1f}M-parameter model with AdamW state "
-        f"({len(report.holders)} holder rows, {report.total_bytes / 2**30:.2f} GiB of tensors found, "
-        f"truncated: {report.truncated}); {args.runs} runs after 2 warm-ups.",
+        (
+            f"{variables} variables incl. a {parameters / 1e6:.1f}M-parameter model with AdamW state "
+            f"({len(report.holders)} holder rows, {report.total_bytes / 2**30:.2f} GiB of tensors found, "
+            f"truncated: {report.truncated}); {args.runs} runs after 2 warm-ups."
+        ),
         "",
         "| step | median | fastest | goal |",
         "| --- | --- | --- | --- |",
         f"| find_holders | {result['walk_median_ms']:.1f} ms | {result['walk_min_ms']:.1f} ms | |",
-        f"| find_holders + text + HTML | {result['walk_and_render_median_ms']:.1f} ms | "
-        f"{result['walk_and_render_min_ms']:.1f} ms | <= {GOAL_MS:.0f} ms |",
+        (
+            f"| find_holders + text + HTML | {result['walk_and_render_median_ms']:.1f} ms | "
+            f"{result['walk_and_render_min_ms']:.1f} ms | <= {GOAL_MS:.0f} ms |"
+        ),
     ]
     (args.out / "bench_holders.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

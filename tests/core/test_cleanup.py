@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -185,3 +186,45 @@ def test_magic_free_prints_and_rejects_bad_options(ip: Any) -> None:
     assert "gpumem free --deep" in text and f"Out[{n}]" in text
     with pytest.raises(UsageError):
         magic_free(ip, "--deeper")
+
+
+def test_deep_free_from_a_thread_while_another_keeps_changing_the_namespace(ip: Any) -> None:
+    cell(ip, "import torch")
+    cell(ip, "torch.zeros(100)")  # an output-cache entry with a tensor, so the deep path has work to do
+    ip.user_ns.update({f"name_{index}": index for index in range(20_000)})
+    ip.user_ns.update({f"tensor_{index}": torch.zeros(4) for index in range(50)})
+    errors: list[BaseException] = []
+    calls = 0
+    stop = threading.Event()
+
+    def churn() -> None:  # adds 500 names one by one, then removes them: the size changes at every step
+        index = 0
+        while not stop.is_set():
+            name = f"churn_{index % 500}"
+            if index // 500 % 2:
+                ip.user_ns.pop(name, None)
+            else:
+                ip.user_ns[name] = torch.zeros(1)
+            index += 1
+
+    def free_in_a_loop() -> None:
+        nonlocal calls
+        deadline = time.monotonic() + 5.0
+        while calls < 200 and time.monotonic() < deadline:
+            try:
+                free(deep=True, shell=ip, source=FakeSource())
+            except BaseException as error:
+                errors.append(error)
+            calls += 1
+
+    mutator = threading.Thread(target=churn)
+    mutator.start()
+    try:
+        worker = threading.Thread(target=free_in_a_loop)
+        worker.start()
+        worker.join()
+    finally:
+        stop.set()
+        mutator.join()
+    assert calls > 0
+    assert errors == []

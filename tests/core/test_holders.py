@@ -6,6 +6,8 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import warnings
 from collections import OrderedDict, deque
 from typing import Any
@@ -211,7 +213,7 @@ def test_hostile_objects_never_run_user_code() -> None:
 
         def __len__(self) -> int:
             calls.append("len")
-            return -1
+            return -1  # noqa: PLE0303 (a broken __len__ on purpose: the walk must never call it)
 
     class WeirdDict(dict):  # type: ignore[type-arg]
         def items(self) -> Any:
@@ -264,24 +266,76 @@ def test_proxies_and_exception_properties_never_run() -> None:
 
 
 def test_a_failing_root_costs_only_its_own_completeness(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpumem.core import holders as holders_module
+    from gpumem.core.holders.walk import Walker
 
     class Fragile:
         def __init__(self) -> None:
             self.t = torch.zeros(5)
 
-    original = holders_module._Walker.attributes
+    original = Walker.attributes
 
     def attributes(self: Any, obj: Any, *args: Any) -> None:
         if type(obj) is Fragile:
             raise RuntimeError("dictionary changed size during iteration")
         original(self, obj, *args)
 
-    monkeypatch.setattr(holders_module._Walker, "attributes", attributes)
+    monkeypatch.setattr(Walker, "attributes", attributes)
     report = cpu({"a": torch.zeros(10), "fragile": Fragile(), "c": torch.zeros(20)})
     assert {r.name for r in report.holders} == {"a", "c"}
     assert report.truncated
     assert report.truncation == ("fragile not fully walked (RuntimeError: dictionary changed size during iteration)",)
+
+
+def test_a_namespace_and_a_container_another_thread_changes_are_walked_whole() -> None:
+    growing: dict[str, Any] = {}
+    ns: dict[str, Any] = {f"n{index}": index for index in range(20_000)}
+    ns.update(stable=torch.zeros(100), growing=growing)
+    stop = threading.Event()
+
+    def churn() -> None:  # adds 500 names one by one, then removes them: both sizes change at every step
+        index = 0
+        while not stop.is_set():
+            name = f"churn_{index % 500}"
+            for target in (ns, growing):
+                if index // 500 % 2:
+                    target.pop(name, None)
+                else:
+                    target[name] = torch.zeros(1)
+            index += 1
+
+    mutator = threading.Thread(target=churn)
+    mutator.start()
+    reports: list[HolderReport] = []
+    try:
+        deadline = time.monotonic() + 3.0
+        while len(reports) < 100 and time.monotonic() < deadline:
+            reports.append(cpu(ns))
+    finally:
+        stop.set()
+        mutator.join()
+    assert reports
+    assert [note for report in reports for note in report.truncation] == []
+    assert all(row(report, "stable").nbytes == 400 for report in reports)
+
+
+def test_a_copy_that_fails_is_taken_again_then_given_up() -> None:
+    from gpumem.core.holders.snapshot import READ_ATTEMPTS, stable_list
+
+    failures = iter(range(READ_ATTEMPTS - 1))
+
+    def changing() -> Any:
+        if next(failures, None) is not None:
+            raise RuntimeError("dictionary changed size during iteration")
+        return iter([1, 2, 3])
+
+    assert stable_list(changing) == [1, 2, 3]
+    assert stable_list(iter(range(100)).__iter__, limit=2) == [0, 1]
+
+    def always_changing() -> Any:
+        raise RuntimeError("dictionary changed size during iteration")
+
+    with pytest.raises(RuntimeError):
+        stable_list(always_changing)
 
 
 def test_meta_sparse_quantized_nested_and_subclasses_do_not_crash() -> None:

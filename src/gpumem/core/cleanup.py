@@ -28,12 +28,16 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from gpumem.core.holders import find_holders, hidden_references
+from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.runtime import ipython_shell
 from gpumem.core.units import format_bytes, format_delta
 
 __all__ = ["DeviceReclaim", "FreeResult", "free"]
 
 _free_lock = threading.Lock()
+_OUTPUT_ALIASES = ("_", "__", "___")
+_MAX_CHAINED_EXCEPTIONS = 64
 
 
 class DeviceReclaim(NamedTuple):
@@ -77,13 +81,13 @@ class FreeResult(NamedTuple):
         """Plain text: per device, then the references released and kept."""
         objects = f"{self.collected_objects} object{'' if self.collected_objects == 1 else 's'}"
         lines = [f"gpumem free{' --deep' if self.deep else ''}: gc collected {objects}"]
-        for d in self.devices:
-            lines.append(
-                f"  cuda:{d.device}  allocated {format_bytes(d.allocated_before_bytes)} \u2192 "
-                f"{format_bytes(d.allocated_after_bytes)} ({format_delta(-d.allocated_reclaimed_bytes)}), "
-                f"reserved {format_bytes(d.reserved_before_bytes)} \u2192 {format_bytes(d.reserved_after_bytes)} "
-                f"({format_delta(-d.reserved_reclaimed_bytes)})"
-            )
+        lines.extend(
+            f"  cuda:{d.device}  allocated {format_bytes(d.allocated_before_bytes)} \u2192 "
+            f"{format_bytes(d.allocated_after_bytes)} ({format_delta(-d.allocated_reclaimed_bytes)}), "
+            f"reserved {format_bytes(d.reserved_before_bytes)} \u2192 {format_bytes(d.reserved_after_bytes)} "
+            f"({format_delta(-d.reserved_reclaimed_bytes)})"
+            for d in self.devices
+        )
         if self.note:
             lines.append(f"  {self.note}")
         if self.released:
@@ -95,7 +99,7 @@ class FreeResult(NamedTuple):
             lines.append("  run `%gpumem free --deep` (or gpumem.free(deep=True)) to release IPython's references")
         return "\n".join(lines)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+    def _repr_pretty_(self, printer: Any, _cycle: bool) -> None:
         printer.text(self.describe())
 
 
@@ -176,15 +180,14 @@ def _mark_timeline(source: Any, result: FreeResult) -> None:
 
 def _hidden_summary(shell: Any) -> list[str]:
     """Without ``deep``: which IPython references hold tensors (so the result can say what deep would do)."""
-    from gpumem.core.holders import find_holders
-
-    report = _walk(shell, find_holders)
+    report = _hidden_report(shell)
     if report is None:
         return []
     return [f"{row.name}: {format_bytes(row.nbytes)} held by IPython" for row in report.hidden if row.nbytes]
 
 
-def _walk(shell: Any, find_holders: Any) -> Any:
+def _hidden_report(shell: Any) -> Any:
+    """The holder walk of the shell's namespace on every device (None without a namespace or torch)."""
     user_ns = getattr(shell, "user_ns", None)
     if not isinstance(user_ns, dict) or sys.modules.get("torch") is None:
         return None
@@ -192,9 +195,7 @@ def _walk(shell: Any, find_holders: Any) -> Any:
 
 
 def _drop_ipython_references(shell: Any, released: list[str], kept: list[str], *, edit_output_cache: bool) -> None:
-    from gpumem.core.holders import find_holders, hidden_references
-
-    report = _walk(shell, find_holders)
+    report = _hidden_report(shell)
     if report is None:
         return
     rows = {row.name: row for row in report.hidden}
@@ -203,7 +204,7 @@ def _drop_ipython_references(shell: Any, released: list[str], kept: list[str], *
         if row is None:
             continue  # reaches no tensor memory: left in place
         count = len(released)
-        if ref.name.startswith("Out[") or ref.name in ("_", "__", "___", "last result"):
+        if ref.name.startswith("Out[") or ref.name in (*_OUTPUT_ALIASES, "last result"):
             if not edit_output_cache:
                 kept.append(f"{ref.name}: a cell is running, so the output cache and its names are left as they are")
                 continue
@@ -218,22 +219,42 @@ def _drop_output(shell: Any, value: Any, label: str, released: list[str], kept: 
     """Remove every reference IPython's output cache keeps to ``value``."""
     user_ns: dict[str, Any] = shell.user_ns
     hidden_ns: dict[str, Any] = getattr(shell, "user_ns_hidden", {})
-    dropped: list[str] = []
-    out = user_ns.get("_oh")
-    if isinstance(out, dict):
-        for number in [n for n, v in list(out.items()) if v is value]:
-            del out[number]
-            dropped.append(f"Out[{number}]")
-            name = f"_{number}"
-            if hidden_ns.get(name) is value:
-                del hidden_ns[name]
-            if user_ns.get(name) is value:
-                del user_ns[name]
-                dropped.append(name)
     displayhook = getattr(shell, "displayhook", None)
-    for name in ("_", "__", "___"):
-        mine = hidden_ns.get(name) is value or getattr(displayhook, name, None) is value
-        if not mine:
+    dropped = _drop_output_entries(user_ns, hidden_ns, value)
+    dropped.extend(_reset_output_aliases(user_ns, hidden_ns, displayhook, value))
+    if _drop_execution_result(shell, displayhook, value):
+        dropped.append("last result")
+    if dropped:
+        released.append(" ".join(dropped) if len(dropped) == 1 else f"{dropped[0]} ({', '.join(dropped[1:])})")
+    elif label:
+        kept.append(f"{label}: no reference left to drop")
+
+
+def _drop_output_entries(user_ns: dict[str, Any], hidden_ns: dict[str, Any], value: Any) -> list[str]:
+    """``Out[N]`` entries holding ``value``, and their ``_N`` names (popped: another thread may be there first)."""
+    out = user_ns.get("_oh")
+    if not isinstance(out, dict):
+        return []
+    dropped: list[str] = []
+    for number in [n for n, v in stable_list(out.items) if v is value]:
+        out.pop(number, None)
+        dropped.append(f"Out[{number}]")
+        name = f"_{number}"
+        if hidden_ns.get(name) is value:
+            hidden_ns.pop(name, None)
+        if user_ns.get(name) is value:
+            user_ns.pop(name, None)
+            dropped.append(name)
+    return dropped
+
+
+def _reset_output_aliases(
+    user_ns: dict[str, Any], hidden_ns: dict[str, Any], displayhook: Any, value: Any
+) -> list[str]:
+    """``_`` / ``__`` / ``___`` set to ``''`` where IPython made them point to ``value`` (as ``%reset out`` does)."""
+    dropped: list[str] = []
+    for name in _OUTPUT_ALIASES:
+        if hidden_ns.get(name) is not value and getattr(displayhook, name, None) is not value:
             continue
         if user_ns.get(name) is value:
             user_ns[name] = ""
@@ -242,21 +263,23 @@ def _drop_output(shell: Any, value: Any, label: str, released: list[str], kept: 
         if displayhook is not None and getattr(displayhook, name, None) is value:
             setattr(displayhook, name, "")
         dropped.append(name)
+    return dropped
+
+
+def _drop_execution_result(shell: Any, displayhook: Any, value: Any) -> bool:
+    """Clear ``result`` of the last (and the running) ExecutionResult where it is ``value``."""
+    dropped = False
     for owner in (getattr(shell, "last_execution_result", None), getattr(displayhook, "exec_result", None)):
         if owner is not None and getattr(owner, "result", None) is value:
             owner.result = None
-            if "last result" not in dropped:
-                dropped.append("last result")
-    if dropped:
-        released.append(" ".join(dropped) if len(dropped) == 1 else f"{dropped[0]} ({', '.join(dropped[1:])})")
-    elif label:
-        kept.append(f"{label}: no reference left to drop")
+            dropped = True
+    return dropped
 
 
 def _drop_last_exception(shell: Any, released: list[str], kept: list[str]) -> None:
     """Detach the last exception's traceback (its frames hold the locals); keep the exception itself."""
     user_ns: dict[str, Any] = getattr(shell, "user_ns", {})
-    user_values = {id(value) for value in list(user_ns.values())}
+    user_values = {id(value) for value in stable_list(user_ns.values)}
     exceptions = _exception_chain(
         value
         for value in (
@@ -266,15 +289,28 @@ def _drop_last_exception(shell: Any, released: list[str], kept: list[str]) -> No
         )
         if isinstance(value, BaseException)
     )
-    dropped: list[str] = []
+    dropped = _detach_tracebacks(exceptions, user_values, kept)
+    dropped.extend(_clear_traceback_references(shell, user_values, kept))
+    if _exception_holds_tensors(exceptions):
+        dropped.extend(_clear_exception_references(shell, user_values))
+    if dropped:
+        released.append("last exception (" + ", ".join(dropped) + ")")
+
+
+def _detach_tracebacks(exceptions: list[BaseException], user_values: set[int], kept: list[str]) -> list[str]:
+    """Set ``__traceback__`` to None on the chain's exceptions that no user name holds."""
+    detached = False
     for error in exceptions:
         if id(error) in user_values:
             kept.append(f"{type(error).__name__}: the exception is also a user variable, its frames stay")
-            continue
-        if error.__traceback__ is not None:
+        elif error.__traceback__ is not None:
             error.__traceback__ = None
-            if "exception traceback" not in dropped:
-                dropped.append("exception traceback")
+            detached = True
+    return ["exception traceback"] if detached else []
+
+
+def _clear_traceback_references(shell: Any, user_values: set[int], kept: list[str]) -> list[str]:
+    dropped: list[str] = []
     last_tb = getattr(sys, "last_traceback", None)
     if last_tb is not None:
         if id(last_tb) in user_values:
@@ -286,30 +322,32 @@ def _drop_last_exception(shell: Any, released: list[str], kept: list[str]) -> No
     if interactive_tb is not None and getattr(interactive_tb, "tb", None) is not None:
         interactive_tb.tb = None
         dropped.append("shell.InteractiveTB.tb")
-    if _exception_holds_tensors(exceptions):
-        for name in ("last_value", "last_exc"):
-            if getattr(sys, name, None) is not None and id(getattr(sys, name)) not in user_values:
-                setattr(sys, name, None)
-                dropped.append(f"sys.{name}")
-        last = getattr(shell, "last_execution_result", None)
-        if last is not None and getattr(last, "error_in_exec", None) is not None:
-            last.error_in_exec = None
-            dropped.append("last_execution_result.error_in_exec")
-    if dropped:
-        released.append("last exception (" + ", ".join(dropped) + ")")
+    return dropped
+
+
+def _clear_exception_references(shell: Any, user_values: set[int]) -> list[str]:
+    """Drop the references to exception objects that hold tensors themselves (in their arguments)."""
+    dropped: list[str] = []
+    for name in ("last_value", "last_exc"):
+        if getattr(sys, name, None) is not None and id(getattr(sys, name)) not in user_values:
+            setattr(sys, name, None)
+            dropped.append(f"sys.{name}")
+    last = getattr(shell, "last_execution_result", None)
+    if last is not None and getattr(last, "error_in_exec", None) is not None:
+        last.error_in_exec = None
+        dropped.append("last_execution_result.error_in_exec")
+    return dropped
 
 
 def _exception_chain(roots: Iterable[BaseException]) -> list[BaseException]:
     seen: dict[int, BaseException] = {}
     stack = list(roots)
-    while stack and len(seen) < 64:
+    while stack and len(seen) < _MAX_CHAINED_EXCEPTIONS:
         error = stack.pop()
         if id(error) in seen:
             continue
         seen[id(error)] = error
-        for linked in (error.__cause__, error.__context__):
-            if linked is not None:
-                stack.append(linked)
+        stack.extend(linked for linked in (error.__cause__, error.__context__) if linked is not None)
         members = getattr(error, "exceptions", None)
         if isinstance(members, tuple):
             stack.extend(member for member in members if isinstance(member, BaseException))
@@ -321,8 +359,6 @@ def _exception_holds_tensors(exceptions: list[BaseException]) -> bool:
     torch = sys.modules.get("torch")
     if torch is None or not exceptions:
         return False
-    from gpumem.core.holders import find_holders
-
     namespace = {f"e{index}": error for index, error in enumerate(exceptions)}
     report = find_holders(namespace, device="all", include_hidden=False, max_depth=6)
     return report.total_bytes > 0

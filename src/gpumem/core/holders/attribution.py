@@ -1,0 +1,123 @@
+"""Give every storage one owner, so that rows add up to the total without double counting.
+
+A storage goes to the root that reaches it most directly (lowest rank), then to the root reaching most
+memory, then to the first in namespace order. Optimizer state then moves to the row that owns its
+parameter (usually the model), so a model's row shows what training it costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from gpumem.core.holders.model import OPTIMIZER_STATE, PARAMETERS, Holder
+from gpumem.core.holders.tensors import StorageKey
+from gpumem.core.holders.walk import Root
+
+__all__ = ["attribute"]
+
+_MAX_PARTNERS_NAMED = 3
+
+
+def attribute(
+    roots: list[Root], sizes: Mapping[StorageKey, int], incomplete: Collection[int] = ()
+) -> list[tuple[bool, Holder]]:
+    """``(hidden, row)`` for every root that reaches memory, largest first."""
+    ledger = _Ledger(roots, sizes)
+    rows: list[tuple[bool, Holder]] = []
+    for root in roots:
+        row = ledger.row(root, complete=id(root) not in incomplete)
+        if row is not None:
+            rows.append((root.hidden, row))
+    rows.sort(key=lambda pair: (-pair[1].nbytes, -pair[1].shared_bytes, pair[1].name))
+    return rows
+
+
+class _Ledger:
+    """Who owns each storage, who else reaches it, and which optimizer state moved to its parameter's owner."""
+
+    def __init__(self, roots: list[Root], sizes: Mapping[StorageKey, int]) -> None:
+        self.sizes = sizes
+        self.owner: dict[StorageKey, Root] = {}
+        self.reachers: dict[StorageKey, list[Root]] = {}
+        self.moved: dict[StorageKey, Root] = {}  # optimizer state storage -> the root it was taken from
+        self.state_holders: dict[int, set[str]] = {}  # id(new owner) -> names of the optimizers it took state from
+        self._choose_owners(roots)
+        self._move_optimizer_state(roots)
+        self.owned_keys: dict[int, list[StorageKey]] = {}
+        for key, holder in self.owner.items():
+            self.owned_keys.setdefault(id(holder), []).append(key)
+
+    def _choose_owners(self, roots: list[Root]) -> None:
+        reach_total = {id(root): sum(self.sizes[key] for key in root.reach) for root in roots}
+        for root in roots:
+            for key, edge in root.reach.items():
+                self.reachers.setdefault(key, []).append(root)
+                current = self.owner.get(key)
+                if current is None or (edge.rank, -reach_total[id(root)], root.order) < (
+                    current.reach[key].rank,
+                    -reach_total[id(current)],
+                    current.order,
+                ):
+                    self.owner[key] = root
+
+    def _move_optimizer_state(self, roots: list[Root]) -> None:
+        """Optimizer state goes to the row that owns the parameter it belongs to (a module, usually)."""
+        for root in roots:
+            for key, param_key in root.param_of_state.items():
+                if self.owner.get(key) is not root or root.reach[key].category != OPTIMIZER_STATE:
+                    continue
+                param_owner = self.owner.get(param_key)
+                if param_owner is None or param_owner is root or param_owner.hidden:
+                    continue
+                if param_owner.reach[param_key].category != PARAMETERS:
+                    continue
+                self.owner[key] = param_owner
+                self.moved[key] = root
+                self.state_holders.setdefault(id(param_owner), set()).add(root.name)
+
+    def row(self, root: Root, *, complete: bool) -> Holder | None:
+        """The row of ``root``; None when it reaches no memory at all."""
+        sizes, owner, moved, reachers = self.sizes, self.owner, self.moved, self.reachers
+        owned = 0
+        breakdown: dict[str, int] = {}
+        devices: set[str] = set()
+        partners: dict[str, None] = {}  # names sharing storage with this root, in order of discovery
+        for key in self.owned_keys.get(id(root), ()):
+            nbytes = sizes[key]
+            owned += nbytes
+            category = OPTIMIZER_STATE if key in moved else root.reach[key].category
+            breakdown[category] = breakdown.get(category, 0) + nbytes
+            devices.add(key[0])
+            for other in reachers[key]:
+                if other is not root:
+                    partners[other.name] = None
+        shared = 0
+        for key in root.reach:
+            holder = owner[key]
+            if holder is not root:
+                shared += sizes[key]
+                partners[holder.name] = None
+        if not owned and not shared:
+            return None
+        return Holder(
+            name=root.name,
+            type_name=root.type_name,
+            device=",".join(sorted(devices)),
+            nbytes=owned,
+            shared_bytes=shared,
+            tensor_count=len(root.tensor_ids),
+            graph_paths=tuple(root.graph_paths),
+            breakdown=breakdown,
+            shared_with=tuple(partners),
+            note="; ".join(self._notes(root, owned=owned, partner_names=tuple(partners))),
+            complete=complete,
+        )
+
+    def _notes(self, root: Root, *, owned: int, partner_names: tuple[str, ...]) -> list[str]:
+        notes: list[str] = [root.note] if root.note else []
+        if id(root) in self.state_holders:
+            notes.append("optimizer state held by " + ", ".join(sorted(self.state_holders[id(root)])))
+        if not owned:  # reaches only memory counted under other rows
+            verb = "still held by " if root.hidden else "counted under "
+            notes.append(verb + ", ".join(partner_names[:_MAX_PARTNERS_NAMED]))
+        return notes
