@@ -28,12 +28,8 @@ def cuda_ip(ip: Any) -> Iterator[Any]:
     run_cell_capture(ip, "import torch, gc, weakref\ntorch.cuda.init()", raise_on_error=True)
     result, captured = run_cell_capture(ip, "%load_ext gpumem")
     assert result.success, text_of(captured)
-    from gpumem.core import oom
-
-    oom.install(ip)  # idempotent: the extension installs it too
     yield ip
     run_cell_capture(ip, "%unload_ext gpumem")
-    oom.uninstall(ip)
     gc.collect()
     torch.cuda.empty_cache()
 

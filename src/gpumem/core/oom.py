@@ -352,22 +352,22 @@ def render_text(report: OomReport, *, limit: int = 5) -> str:
 
 
 def _html_row(row: Any) -> str:
-    from gpumem.core.holders import _escape
+    from gpumem.core.holders import escape_html
 
     return (
-        f"<tr><td><code>{_escape(row.name)}</code></td><td>{_escape(row.type_name)}</td>"
+        f"<tr><td><code>{escape_html(row.name)}</code></td><td>{escape_html(row.type_name)}</td>"
         f"<td style='text-align:right'>{format_bytes(row.nbytes)}</td></tr>"
     )
 
 
 def render_html(report: OomReport, *, limit: int = 5) -> str:
-    from gpumem.core.holders import _escape
+    from gpumem.core.holders import escape_html
 
     summary = _summary_lines(report)
     parts = [
         "<div class='gpumem-oom' style='border-left:3px solid #d9534f;padding:4px 8px'>",
-        f"<b>{_escape(summary[0])}</b><br>",
-        "<br>".join(_escape(line.strip()) for line in summary[1:]),
+        f"<b>{escape_html(summary[0])}</b><br>",
+        "<br>".join(escape_html(line.strip()) for line in summary[1:]),
     ]
     holders = report.holders
     named = [row for row in holders.holders if row.nbytes][:limit] if holders is not None else []
@@ -380,7 +380,7 @@ def render_html(report: OomReport, *, limit: int = 5) -> str:
             parts.extend(_html_row(row) for row in hidden)
         parts.append("</tbody></table>")
     if report.advice:
-        parts.append("<ul>" + "".join(f"<li>{_escape(item)}</li>" for item in report.advice) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li>{escape_html(item)}</li>" for item in report.advice) + "</ul>")
     parts.append(f"To free what IPython keeps and return the cache: <code>{FREE_COMMAND}</code></div>")
     return "".join(parts)
 

@@ -40,9 +40,6 @@ from gpumem.core.holders.model import (
 )
 from gpumem.core.holders.render import HolderReport, escape_html, render_html, render_text
 
-# The HTML escape under its former private name, for callers not yet switched to escape_html.
-_escape = escape_html
-
 __all__ = [
     "BUFFERS",
     "DEFAULT_MAX_DEPTH",
