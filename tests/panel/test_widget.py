@@ -385,7 +385,7 @@ def test_free_returns_cached_memory_and_reports_it(fake: tuple[FakeSource, Monit
     assert panel.refresh()
     message = _text(panel._message.value)
     assert message.startswith("Freed 4.0 GiB of GPU memory")
-    assert "cuda:0 reserved 6.0 GiB → 2.0 GiB (-4.0 GiB), allocated ±0 B" in message
+    assert "cuda:0 allocated 2.0 GiB → 2.0 GiB (±0 B), reserved 6.0 GiB → 2.0 GiB (-4.0 GiB)" in message
     assert "gm-ok" in panel._message.value
     assert not panel._free_button.disabled and panel._free_button.description == "Free"
 

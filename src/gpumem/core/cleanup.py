@@ -33,7 +33,7 @@ from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.runtime import ipython_shell
 from gpumem.core.units import format_bytes, format_delta
 
-__all__ = ["DeviceReclaim", "FreeResult", "free"]
+__all__ = ["DeviceReclaim", "FreeResult", "describe_one_line", "device_reclaim_text", "free"]
 
 _free_lock = threading.Lock()
 _OUTPUT_ALIASES = ("_", "__", "___")
@@ -81,13 +81,7 @@ class FreeResult(NamedTuple):
         """Plain text: per device, then the references released and kept."""
         objects = f"{self.collected_objects} object{'' if self.collected_objects == 1 else 's'}"
         lines = [f"gpumem free{' --deep' if self.deep else ''}: gc collected {objects}"]
-        lines.extend(
-            f"  cuda:{d.device}  allocated {format_bytes(d.allocated_before_bytes)} \u2192 "
-            f"{format_bytes(d.allocated_after_bytes)} ({format_delta(-d.allocated_reclaimed_bytes)}), "
-            f"reserved {format_bytes(d.reserved_before_bytes)} \u2192 {format_bytes(d.reserved_after_bytes)} "
-            f"({format_delta(-d.reserved_reclaimed_bytes)})"
-            for d in self.devices
-        )
+        lines.extend(f"  {device_reclaim_text(d)}" for d in self.devices)
         if self.note:
             lines.append(f"  {self.note}")
         if self.released:
@@ -364,18 +358,23 @@ def _exception_holds_tensors(exceptions: list[BaseException]) -> bool:
     return report.total_bytes > 0
 
 
+def device_reclaim_text(reclaim: DeviceReclaim) -> str:
+    """One device's part of a free, in every text of it: allocated and reserved, before -> after (change)."""
+    return (
+        f"cuda:{reclaim.device} allocated {format_bytes(reclaim.allocated_before_bytes)} \u2192 "
+        f"{format_bytes(reclaim.allocated_after_bytes)} ({format_delta(-reclaim.allocated_reclaimed_bytes)}), "
+        f"reserved {format_bytes(reclaim.reserved_before_bytes)} \u2192 "
+        f"{format_bytes(reclaim.reserved_after_bytes)} ({format_delta(-reclaim.reserved_reclaimed_bytes)})"
+    )
+
+
 def describe_one_line(result: FreeResult, *, host_rss_freed_bytes: int | None = None, deep_hint: str = "") -> str:
     """:meth:`FreeResult.describe` in one line, for narrow places (the panel's message).
 
     ``host_rss_freed_bytes`` is the caller's own measurement around the free; ``deep_hint`` follows
     the references kept when ``deep`` was off (it says how the caller's interface turns it on).
     """
-    parts = [
-        f"cuda:{d.device} reserved {format_bytes(d.reserved_before_bytes)} \u2192 "
-        f"{format_bytes(d.reserved_after_bytes)} ({format_delta(-d.reserved_reclaimed_bytes)}), "
-        f"allocated {format_delta(-d.allocated_reclaimed_bytes)}"
-        for d in result.devices
-    ]
+    parts = [device_reclaim_text(d) for d in result.devices]
     if host_rss_freed_bytes is not None:
         parts.append(f"host RSS {format_delta(-host_rss_freed_bytes)}")
     parts.append(f"gc collected {result.collected_objects} object{'' if result.collected_objects == 1 else 's'}")
