@@ -2,6 +2,8 @@
 
 It behaves like PyTorch's allocator from the outside (allocated, reserved that only shrinks on
 ``empty_cache``, peaks that ``reset_peaks`` resets) so the logic above it can be driven exactly.
+With ``segments=True`` it also places every block in segments by the caching allocator's rules
+(:mod:`gpumem.fake_allocator`), and ``memory_snapshot()`` shows them as torch's does.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import itertools
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.units import GIB, MIB
+from gpumem.fake_allocator import SegmentAllocator
 
 __all__ = ["GIB", "MIB", "FakeSource"]
 
@@ -26,6 +30,7 @@ class _FakeDevice:
         self.peak_reserved = 0
         self.num_ooms = 0
         self.blocks: dict[int, int] = {}
+        self.segments: SegmentAllocator | None = None  # set for FakeSource(segments=True)
 
 
 class FakeSource:
@@ -41,9 +46,13 @@ class FakeSource:
         host_total_bytes: int = 64 * GIB,
         cuda_initialized: bool = True,
         nvml: bool = True,
+        segments: bool = False,
     ) -> None:
         self._lock = threading.Lock()
         self._devices = [_FakeDevice(total_bytes) for _ in range(devices)]
+        if segments:
+            for index, dev in enumerate(self._devices):
+                dev.segments = SegmentAllocator(total_bytes - context_bytes - other_processes_bytes, index)
         self._ids = itertools.count(1)
         self.context_bytes = context_bytes
         self.other_processes_bytes = other_processes_bytes
@@ -59,15 +68,22 @@ class FakeSource:
         """Allocate like the caching allocator (2 MiB granularity for the cache); returns a handle."""
         with self._lock:
             dev = self._devices[device]
-            if dev.allocated + nbytes > dev.total_bytes - self.context_bytes - self.other_processes_bytes:
-                dev.num_ooms += 1
-                raise MemoryError(f"fake CUDA out of memory on device {device}")
             handle = next(self._ids)
-            dev.blocks[handle] = nbytes
-            dev.allocated += nbytes
+            if dev.segments is not None:
+                try:
+                    dev.blocks[handle] = dev.segments.allocate(nbytes, handle)
+                finally:  # a failed request may still have returned unused segments (the retry)
+                    dev.allocated = dev.segments.allocated_bytes
+                    dev.reserved = dev.segments.reserved_bytes
+            else:
+                if dev.allocated + nbytes > dev.total_bytes - self.context_bytes - self.other_processes_bytes:
+                    dev.num_ooms += 1
+                    raise MemoryError(f"fake CUDA out of memory on device {device}")
+                dev.blocks[handle] = nbytes
+                dev.allocated += nbytes
+                if dev.allocated > dev.reserved:
+                    dev.reserved = -(-dev.allocated // (2 * MIB)) * (2 * MIB)
             dev.peak_allocated = max(dev.peak_allocated, dev.allocated)
-            if dev.allocated > dev.reserved:
-                dev.reserved = -(-dev.allocated // (2 * MIB)) * (2 * MIB)
             dev.peak_reserved = max(dev.peak_reserved, dev.reserved)
             self.cuda_initialized = True
             return handle
@@ -76,6 +92,8 @@ class FakeSource:
         with self._lock:
             dev = self._devices[device]
             dev.allocated -= dev.blocks.pop(handle)
+            if dev.segments is not None:
+                dev.segments.free(handle)
 
     def transient(self, nbytes: int, device: int = 0) -> None:
         """Allocate and free at once: visible only in the peak counters, never to a sampler."""
@@ -104,11 +122,11 @@ class FakeSource:
                             allocated_bytes=dev.allocated,
                             reserved_bytes=dev.reserved,
                             active_bytes=dev.allocated,
-                            inactive_split_bytes=0,
+                            inactive_split_bytes=dev.segments.inactive_split_bytes if dev.segments else 0,
                             peak_allocated_bytes=dev.peak_allocated,
                             peak_reserved_bytes=dev.peak_reserved,
-                            num_ooms=dev.num_ooms,
-                            num_alloc_retries=0,
+                            num_ooms=dev.segments.num_ooms if dev.segments else dev.num_ooms,
+                            num_alloc_retries=dev.segments.num_alloc_retries if dev.segments else 0,
                         )
                     )
                 if self.nvml:
@@ -152,7 +170,18 @@ class FakeSource:
     def empty_cache(self) -> None:
         with self._lock:
             for dev in self._devices:
-                dev.reserved = -(-dev.allocated // (2 * MIB)) * (2 * MIB)
+                if dev.segments is not None:
+                    dev.segments.empty_cache()
+                    dev.reserved = dev.segments.reserved_bytes
+                else:
+                    dev.reserved = -(-dev.allocated // (2 * MIB)) * (2 * MIB)
+
+    def memory_snapshot(self) -> list[dict[str, Any]] | None:
+        """Every device's segments as ``torch.cuda.memory_snapshot()`` has them; None without ``segments``."""
+        with self._lock:
+            if not self.cuda_initialized or any(dev.segments is None for dev in self._devices):
+                return None
+            return [segment for dev in self._devices if dev.segments for segment in dev.segments.snapshot()]
 
     def status(self) -> dict[str, str]:
         return {

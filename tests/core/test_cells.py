@@ -499,3 +499,189 @@ def test_the_package_and_report_keep_their_names() -> None:
         assert getattr(cells, name) is not None
     for name in ("HistoryTable", "history_dataframe", "history_rows", "record_to_dict", "write_csv", "write_json"):
         assert getattr(report, name) is getattr(history, name)
+
+
+# A warning belongs to the cell that caused it --------------------------------------------------------
+
+EXPANDABLE_ADVICE = (
+    "for the next kernel, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch initializes CUDA: "
+    "`%env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the first cell, or "
+    'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True" before `import torch`'
+)
+NOTHING_TO_RETURN = (
+    "`%gpumem free` (torch.cuda.empty_cache()) would return none of it: every free piece shares a segment "
+    "with a live tensor, and goes back only when those tensors are deleted"
+)
+
+
+@pytest.fixture
+def segmented(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CellTracker, FakeSource]]:
+    """A tracker over a fake allocator that places blocks in segments as PyTorch's does."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    source = FakeSource(segments=True)
+    tracker = CellTracker(Monitor(source), start_sampler=False)
+    yield tracker, source
+    tracker.close()
+
+
+def kinds(record: Any) -> list[str]:
+    return [warning.kind for warning in record.warnings]
+
+
+def fragment(source: FakeSource, pieces: int) -> list[int]:
+    """``pieces`` x 1 GiB allocated and freed, then 600 MiB taken from each: 424 MiB stranded per segment."""
+    for handle in [source.allocate(GIB) for _ in range(pieces)]:
+        source.free(handle)
+    return [source.allocate(600 * MIB) for _ in range(pieces)]
+
+
+def test_one_large_free_block_is_no_fragmentation_warning(segmented: tuple[CellTracker, FakeSource]) -> None:
+    """x = 1 GiB, a 2 GiB transient, two 64 MiB tensors: 1.875 GiB free, in one block any request can use."""
+    tracker, source = segmented
+    records = [
+        run(tracker, "x = 1 GiB", lambda: source.allocate(GIB)),
+        run(tracker, "2 GiB transient", lambda: source.transient(2 * GIB)),
+        run(tracker, "two 64 MiB", lambda: [source.allocate(64 * MIB) for _ in range(2)]),
+        run(tracker, "y = 1"),
+    ]
+    assert [kinds(record) for record in records] == [[], [], [], []]
+    reading = source.snapshot().allocator[0]
+    assert reading.inactive_split_bytes == 2 * GIB - 128 * MIB  # what the old check called "unusable fragments"
+    assert tracker._reserves.reads == 2  # after the transient and the 64 MiB tensors; "y = 1" changed nothing
+    assert tracker.standing_conditions() == []
+
+
+def test_fragmentation_is_told_once_and_again_when_it_worsens(segmented: tuple[CellTracker, FakeSource]) -> None:
+    tracker, source = segmented
+    blocks: list[int] = []
+    made = run(tracker, "blocks = 12 x 1 GiB", lambda: blocks.extend(source.allocate(GIB) for _ in range(12)))
+    assert kinds(made) == []
+    freed = run(tracker, "del blocks", lambda: [source.free(handle) for handle in blocks])
+    assert kinds(freed) == []  # 12 GiB free, but in segments empty_cache returns whole
+    parts: list[int] = []
+    record = run(tracker, "parts = 12 x 600 MiB", lambda: parts.extend(source.allocate(600 * MIB) for _ in range(12)))
+    (warning,) = record.warnings
+    assert warning.kind == "fragmentation"
+    assert warning.message == (
+        "cuda:0: 5.0 GiB of the 12.0 GiB reserved is free but in 12 pieces, the largest 424.0 MiB: a request "
+        f"above 424.0 MiB cannot use any of it; {NOTHING_TO_RETURN}; {EXPANDABLE_ADVICE}"
+    )
+    reads = tracker._reserves.reads
+    assert kinds(run(tracker, "print('unrelated')")) == []  # standing, not repeated
+    assert tracker._reserves.reads == reads  # the counters did not move: no snapshot read
+    assert kinds(run(tracker, "small = 1 MiB", lambda: source.allocate(MIB))) == []  # moved, but not worse
+    assert tracker._reserves.reads == reads + 1
+    (standing,) = tracker.standing_conditions()
+    assert standing.kind == "fragmentation" and "13 pieces" in standing.message  # the 1 MiB's small segment
+
+    more: list[int] = []
+    record = run(tracker, "six more", lambda: more.extend(fragment(source, 6)))
+    (warning,) = record.warnings  # worse by 6 x 424 MiB: told again, with the new figures
+    assert warning.message.startswith("cuda:0: 7.5 GiB of the 18.0 GiB reserved is free but in 19 pieces, the largest")
+    assert kinds(run(tracker, "print('unrelated again')")) == []
+
+    def free_all() -> None:
+        for handle in parts + more:
+            source.free(handle)
+        source.empty_cache()  # what %gpumem free does
+
+    assert kinds(run(tracker, "del parts; %gpumem free", free_all)) == []  # better: gone
+    assert tracker.standing_conditions() == []
+    assert kinds(run(tracker, "again", lambda: fragment(source, 12))) == ["fragmentation"]  # back: told again
+
+
+def test_what_empty_cache_would_return_is_said_only_when_it_returns_something(
+    segmented: tuple[CellTracker, FakeSource],
+) -> None:
+    tracker, source = segmented
+
+    def body() -> None:
+        fragment(source, 12)
+        source.transient(3 * GIB)  # an empty 3 GiB segment beside the 12 stranded pieces
+
+    (warning,) = run(tracker, "fragment, then a transient", body).warnings
+    assert warning.message.startswith(
+        "cuda:0: 8.0 GiB of the 15.0 GiB reserved is free but in 13 pieces, the largest 3.0 GiB: "
+        "a request above 3.0 GiB cannot use any of it; "
+        "`%gpumem free` (torch.cuda.empty_cache()) returns 3.0 GiB of it to the device now"
+    )
+
+
+def test_a_condition_the_cell_did_not_cause_is_standing_not_told(segmented: tuple[CellTracker, FakeSource]) -> None:
+    tracker, source = segmented
+    source.allocate(MIB)
+    run(tracker, "first cell")  # CUDA in use before this cell
+    fragment(source, 12)  # between measured cells (a cell measured by nothing)
+    assert kinds(run(tracker, "print('hello')")) == []
+    (standing,) = tracker.standing_conditions()
+    assert standing.kind == "fragmentation" and standing.device == 0
+
+
+def test_retries_in_the_cell_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    source = FakeSource(segments=True, total_bytes=13 * GIB + 100 * MIB, context_bytes=0)
+    tracker = CellTracker(Monitor(source), start_sampler=False)
+    fragment(source, 12)
+    source.transient(GIB)  # 13 GiB reserved, 100 MiB left on the device
+    run(tracker, "first cell")
+
+    def body() -> None:
+        source.allocate(GIB + 50 * MIB)  # no free piece fits; only the retry (the empty 1 GiB returned) makes room
+
+    (warning,) = run(tracker, "retry", body).warnings
+    assert warning.message.startswith("cuda:0: 5.0 GiB of the 13.0 GiB reserved is free but in 12 pieces")
+    assert "; 1 allocation in this cell found no free piece large enough and made PyTorch return" in warning.message
+    assert source.snapshot().allocator[0].num_alloc_retries == 1
+    tracker.close()
+
+
+def test_near_full_is_told_when_crossed_and_when_it_grows_by_a_point() -> None:
+    small = FakeSource(total_bytes=10 * GIB, context_bytes=0)
+    tracker = CellTracker(Monitor(small), start_sampler=False)
+    held: list[int] = []
+    assert kinds(run(tracker, "8 GiB", lambda: held.append(small.allocate(8 * GIB)))) == []
+    crossed = run(tracker, "1.5 GiB", lambda: small.allocate(int(1.5 * GIB)))
+    expected = "cuda:0 is 95% full after this cell (9.5 GiB of 10.0 GiB used, all processes); "
+    assert [w.message for w in crossed.warnings] == [expected + "`%gpumem who` lists what holds it"]
+    assert kinds(run(tracker, "50 MiB", lambda: small.allocate(50 * MIB))) == []  # grew, by less than 1 %
+    assert kinds(run(tracker, "unrelated")) == []
+    worse = run(tracker, "60 MiB", lambda: small.allocate(60 * MIB))  # 110 MiB since the warning: over 1 %
+    assert [w.message[:34] for w in worse.warnings] == ["cuda:0 is 96% full after this cell"]
+    (standing,) = tracker.standing_conditions()
+    assert standing.kind == "capacity" and standing.message.startswith("cuda:0 is 96% full now")
+
+    def release() -> None:
+        small.free(held.pop())
+        small.empty_cache()
+
+    assert kinds(run(tracker, "del the 8 GiB; %gpumem free", release)) == []
+    assert tracker.standing_conditions() == []
+    assert kinds(run(tracker, "8 GiB again", lambda: small.allocate(8 * GIB))) == ["capacity"]  # crossed again
+    tracker.close()
+
+
+def test_graph_warning_in_magic_cells_only_for_names_the_cell_changed(
+    cpu_tracker: CellTracker, fake: FakeSource
+) -> None:
+    torch = pytest.importorskip("torch")
+    w = torch.randn(16, 16, requires_grad=True)
+    ns: dict[str, Any] = {"w": w}
+
+    def magic(source: str, body: Any) -> Any:
+        cell = cpu_tracker.begin(source, options=CellOptions(attribute=True, mode="magic"), namespace=ns)
+        body()
+        fake.allocate(4 * MIB)
+        return cpu_tracker.end(cell, namespace=ns)
+
+    record = magic("outs = [...]", lambda: ns.update(outs=[(w @ w).sum() for _ in range(4)]))
+    (graph,) = [warning for warning in record.warnings if warning.kind == "graph"]
+    assert graph.message.startswith("`outs[0]` … `outs[3]` (4 elements) keep their whole autograd graphs alive")
+    assert kinds(magic("z = torch.zeros(10)", lambda: ns.update(z=torch.zeros(10)))) == []
+    assert kinds(magic("pass", lambda: None)) == []
+    (standing,) = cpu_tracker.standing_conditions(ns)
+    assert standing.kind == "graph" and "`outs[0]` … `outs[3]`" in standing.message
+    record = magic("outs.append(...)", lambda: ns["outs"].append((w @ w).sum()))
+    assert [w.message.split(" keep")[0] for w in record.warnings] == ["`outs[0]` … `outs[4]` (5 elements)"]
+    ns["outs"] = [out.item() for out in ns["outs"]]
+    assert cpu_tracker.standing_conditions(ns) == []

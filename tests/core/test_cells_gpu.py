@@ -218,3 +218,130 @@ def test_cuda_first_used_inside_the_cell_and_never_by_the_extension() -> None:
     assert data["allocated_delta"] == 256 * MIB
     assert data["peak_exact"] and data["peak_above_start"] == 256 * MIB
     assert data["used_delta"] is not None and data["used_delta"] > data["reserved_delta"]  # + the new context
+
+
+# Fragmentation, measured from the allocator's segments ------------------------------------------------
+
+
+def _texts(captured: Any) -> str:
+    return "\n".join(output.data.get("text/plain", "") for output in captured.outputs) + captured.stdout
+
+
+def _blocks(segment: dict[str, Any]) -> list[tuple[int, str]]:
+    return [(block["size"], block["state"]) for block in segment["blocks"]]
+
+
+@pytest.fixture
+def no_expandable_segments() -> None:
+    from gpumem.core.fragmentation import expandable_segments_on
+
+    if expandable_segments_on():
+        pytest.skip("expandable segments are on: the allocator does not fragment this way")
+
+
+@pytest.mark.usefixtures("no_expandable_segments")
+def test_one_large_free_block_is_no_fragmentation(gpu: Any) -> None:
+    """x = 1 GiB, a 2 GiB transient freed, two 64 MiB tensors: 1.875 GiB free in one block (the H200 report)."""
+    from gpumem.core.fragmentation import free_reserve
+
+    torch = gpu.user_ns["torch"]
+    assert gpu.run_cell("%gpumem auto on").success
+    cells = [
+        "x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')",
+        "t = torch.empty(2 << 30, dtype=torch.uint8, device='cuda:0')\ndel t",
+        "a = torch.empty(64 << 20, dtype=torch.uint8, device='cuda:0')\nb = torch.empty_like(a)",
+        "y = 1",
+        "%%gpumem\nz = 2",
+        "%%gpumem\nc = torch.ones(1, device='cuda:0')",
+    ]
+    for cell in cells:
+        result, captured = run_cell_capture(gpu, cell)
+        assert result.success, cell
+        assert "fragment" not in _texts(captured), cell
+        assert not [w for w in last().warnings if w.kind == "fragmentation"], cell
+    segments = torch.cuda.memory_snapshot()
+    (split,) = [s for s in segments if s["device"] == 0 and s["total_size"] == 2 * GIB]
+    assert _blocks(split) == [
+        (64 * MIB, "active_allocated"),
+        (64 * MIB, "active_allocated"),
+        (2 * GIB - 128 * MIB, "inactive"),
+    ]
+    assert torch.cuda.memory_stats(0)["inactive_split_bytes.all.current"] >= 2 * GIB - 128 * MIB  # the old "fragments"
+    reserve = free_reserve(segments)[0]
+    assert reserve.largest_free_bytes == 2 * GIB - 128 * MIB and not reserve.fragmented
+
+
+@pytest.mark.usefixtures("no_expandable_segments")
+def test_real_fragmentation_is_told_once_and_explains_the_oom(gpu: Any) -> None:
+    """12 x 1 GiB freed, 12 x 600 MiB taken: each segment keeps 424 MiB free beside a live tensor."""
+    from gpumem.core.fragmentation import free_reserve
+
+    torch = gpu.user_ns["torch"]
+    assert gpu.run_cell("%gpumem auto on").success
+    made = "blocks = [torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0') for _ in range(12)]"
+    for cell in (made, "del blocks"):
+        result, captured = run_cell_capture(gpu, cell)
+        assert result.success and "fragment" not in _texts(captured), cell
+    result, captured = run_cell_capture(
+        gpu, "parts = [torch.empty(600 << 20, dtype=torch.uint8, device='cuda:0') for _ in range(12)]"
+    )
+    assert result.success
+    (warning,) = [w for w in last().warnings if w.kind == "fragmentation"]
+    assert "reserved is free but in" in warning.message and "the largest 424.0 MiB" in warning.message
+    assert "would return none of it" in warning.message
+    assert "`%env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the first cell" in warning.message
+    assert "the largest 424.0 MiB" in _texts(captured)
+    stranded = [s for s in torch.cuda.memory_snapshot() if s["device"] == 0 and s["total_size"] == GIB]
+    assert [_blocks(s) for s in stranded] == [[(600 * MIB, "active_allocated"), (424 * MIB, "inactive")]] * 12
+    reserve = free_reserve(torch.cuda.memory_snapshot())[0]
+    assert reserve.fragmented and reserve.releasable_bytes == 0 and reserve.stranded_bytes >= 12 * 424 * MIB
+
+    for cell in ("y = 1", "%%gpumem\nq = torch.ones(1, device='cuda:0')", "print('unrelated')"):
+        result, captured = run_cell_capture(gpu, cell)
+        assert result.success and "fragment" not in _texts(captured), cell  # standing: not repeated
+    _result, captured = run_cell_capture(gpu, "%gpumem status")
+    assert "  standing cuda:0: " in captured.stdout and "the largest 424.0 MiB" in captured.stdout
+
+    limit = (torch.cuda.memory_reserved(0) + GIB) / torch.cuda.get_device_properties(0).total_memory
+    try:
+        torch.cuda.set_per_process_memory_fraction(limit, 0)
+        failed, captured = run_cell_capture(
+            gpu, "big = torch.empty(int(2.4 * 2**30), dtype=torch.uint8, device='cuda:0')"
+        )
+        assert isinstance(failed.error_in_exec, torch.OutOfMemoryError)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    text = _texts(captured)
+    assert "requested 2.4 GiB" in text and "the largest 424.0 MiB (fragmentation)" in text
+    assert "Fragmentation: PyTorch holds 5.0 GiB reserved but unallocated, more than the request" in text
+    assert "expandable_segments:True" in text and "would return none of it" in text
+    assert "return the cache with" not in text
+
+
+@pytest.mark.usefixtures("no_expandable_segments")
+def test_after_a_deep_free_with_little_allocated_no_fragmentation_claim(gpu: Any) -> None:
+    """A 32 MiB tensor left in a freed 2 GiB block: empty_cache cannot return the segment, but the rest is one
+    free block, usable by any request up to its size."""
+    from gpumem.core.fragmentation import free_reserve
+
+    torch = gpu.user_ns["torch"]
+    assert gpu.run_cell("%gpumem auto on").success
+    cells = [
+        "t = torch.empty(2 << 30, dtype=torch.uint8, device='cuda:0')",
+        "del t\nk = torch.empty(32 << 20, dtype=torch.uint8, device='cuda:0')",
+        "%gpumem free --deep",
+        "y = 1",
+        "%%gpumem\nz = 1",
+    ]
+    for cell in cells:
+        result, captured = run_cell_capture(gpu, cell)
+        assert result.success, cell
+        assert "fragment" not in _texts(captured), cell
+        assert not [w for w in last().warnings if w.kind == "fragmentation"], cell
+    segments = torch.cuda.memory_snapshot()
+    (kept,) = [s for s in segments if s["device"] == 0 and s["total_size"] == 2 * GIB]
+    assert _blocks(kept) == [(32 * MIB, "active_allocated"), (2 * GIB - 32 * MIB, "inactive")]
+    assert torch.cuda.memory_stats(0)["inactive_split_bytes.all.current"] >= 2 * GIB - 32 * MIB
+    assert not free_reserve(segments)[0].fragmented
+    _result, captured = run_cell_capture(gpu, "%gpumem status")
+    assert "  standing none" in captured.stdout

@@ -229,3 +229,77 @@ def test_no_dangling_then_and_no_row_of_n_a() -> None:
     text = oom.render_text(bare)
     assert "n/a" not in text and "the error states no sizes" in text
     assert "n/a" not in oom.render_html(bare)
+
+
+FRAGMENTED_OOM = (
+    "CUDA out of memory. Tried to allocate 2.40 GiB. GPU 0 has a total capacity of 12.49 GiB of which "
+    "0 bytes is free. Of the allocated memory 7.03 GiB is allocated by PyTorch, and 4.97 GiB is reserved "
+    "by PyTorch but unallocated."
+)
+
+
+@pytest.fixture
+def segmented(ip: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, FakeSource]]:
+    """The explainer over a fake allocator that keeps PyTorch's segments and blocks."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    source = FakeSource(segments=True)
+    install(ip, source=source, holder_device="cpu")
+    ip.user_ns["src"] = source
+    try:
+        yield ip, source
+    finally:
+        uninstall(ip)
+
+
+def test_a_fragmentation_oom_is_not_told_to_return_a_cache_that_returns_nothing(segmented: Any) -> None:
+    """12 x 1 GiB freed, 12 x 600 MiB taken: 5 GiB free in 424 MiB pieces, each beside a live tensor."""
+    ip, _source = segmented
+    run_cell_capture(
+        ip,
+        "import torch\n"
+        "for h in [src.allocate(1 << 30) for _ in range(12)]:\n"
+        "    src.free(h)\n"
+        "parts = [src.allocate(600 << 20) for _ in range(12)]",
+    )
+    _, captured = run_cell_capture(ip, f"raise torch.OutOfMemoryError({FRAGMENTED_OOM!r})")
+    text = outputs_text(captured)
+    assert (
+        "PyTorch: allocated 7.0 GiB, reserved but unallocated 5.0 GiB in 12 pieces, the largest 424.0 MiB "
+        "(fragmentation)"
+    ) in text
+    assert (
+        "Fragmentation: PyTorch holds 5.0 GiB reserved but unallocated, more than the request, but in 12 pieces, "
+        "the largest 424.0 MiB. For the next kernel, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before "
+        "torch initializes CUDA: `%env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the first cell, or "
+        'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True" before `import torch`. '
+        "`%gpumem free` (torch.cuda.empty_cache()) would return none of it: every free piece shares a segment "
+        "with a live tensor, and goes back only when those tensors are deleted."
+    ) in text
+    assert "return the cache with" not in text
+
+
+def test_a_free_piece_large_enough_means_it_was_not_fragmentation(segmented: Any) -> None:
+    """The reserve now has a free 3 GiB block: a 2.4 GiB request fits, so fragmentation was not the cause."""
+    _ip, source = segmented
+    source.transient(3 * GIB)
+    report = oom.explain(torch.OutOfMemoryError(FRAGMENTED_OOM), source=source)
+    assert not report.fragmentation
+    assert report.free_reserve is not None and report.free_reserve.largest_free_bytes == 3 * GIB
+    assert not any("expandable_segments" in item for item in report.advice)
+
+
+def test_the_free_advice_names_what_empty_cache_returns(segmented: Any) -> None:
+    _ip, source = segmented
+    for handle in [source.allocate(GIB) for _ in range(12)]:
+        source.free(handle)
+    [source.allocate(600 * MIB) for _ in range(12)]
+    source.transient(2 * GIB)  # an empty 2 GiB segment: still too small for 2.4 GiB, but empty_cache returns it
+    report = oom.explain(torch.OutOfMemoryError(FRAGMENTED_OOM), source=source)
+    assert report.fragmentation
+    (advice,) = [item for item in report.advice if item.startswith("Fragmentation")]
+    assert "but in 13 pieces, the largest 2.0 GiB." in advice
+    assert advice.endswith(
+        "`%gpumem free` (torch.cuda.empty_cache()) returns 2.0 GiB of it to the device now "
+        "(the segments no tensor uses)."
+    )

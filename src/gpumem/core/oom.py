@@ -10,13 +10,20 @@ shows the report.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
 import time
 from typing import Any, NamedTuple
 
+from gpumem.core.fragmentation import (
+    FreeReserve,
+    empty_cache_advice,
+    expandable_segments_advice,
+    expandable_segments_on,
+    free_reserve,
+    read_segments,
+)
 from gpumem.core.runtime import cuda_source
 from gpumem.core.units import format_bytes
 
@@ -74,6 +81,7 @@ class OomReport(NamedTuple):
     advice: tuple[str, ...]
     holders: Any  # gpumem.core.holders.HolderReport | None
     source_of_figures: str  # "observer", "message", "observer+message"
+    free_reserve: FreeReserve | None = None  # the allocator's free pieces after the error, where readable
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,8 +194,14 @@ def explain(
             allocated = reading.allocated_bytes if allocated is None else allocated
             if unallocated is None:
                 unallocated = max(0, reading.reserved_bytes - reading.allocated_bytes)
+    reserve = _free_reserve(source, device)
+    # Fragmentation: more is free in the reserve than was asked for, yet no free piece is large enough.
     fragmentation = bool(
-        requested is not None and unallocated is not None and unallocated >= requested and unallocated > 0
+        requested is not None
+        and unallocated is not None
+        and unallocated >= requested
+        and unallocated > 0
+        and (reserve is None or reserve.largest_free_bytes < requested)
     )
     if namespace is None and shell is not None:
         namespace = getattr(shell, "user_ns", None)
@@ -195,7 +209,8 @@ def explain(
     if namespace is not None:
         device_name = holder_device or (f"cuda:{device}" if device is not None else "cuda")
         report_holders = _holders(namespace, device_name, shell, source, time_budget_s)
-    advice = _advice(requested, total, free_bytes, unallocated, fragmentation, report_holders, str(error))
+    fragmented = _Fragmented(unallocated, reserve) if fragmentation and unallocated is not None else None
+    advice = _advice(requested, total, free_bytes, fragmented, report_holders, str(error))
     return OomReport(
         device=device,
         requested_bytes=requested,
@@ -208,6 +223,7 @@ def explain(
         advice=tuple(advice),
         holders=report_holders,
         source_of_figures=origin,
+        free_reserve=reserve,
     )
 
 
@@ -231,24 +247,50 @@ def _allocator_reading(source: Any, device: int) -> Any:
         return None
 
 
+def _free_reserve(source: Any, device: int | None) -> FreeReserve | None:
+    """The failing device's free pieces, from the allocator's segments (never initializing CUDA)."""
+    if device is None:
+        return None
+    segments = read_segments(cuda_source(source))
+    return free_reserve(segments).get(device) if segments is not None else None
+
+
 def _alloc_conf_variable(message: str) -> str:
     return "PYTORCH_ALLOC_CONF" if "PYTORCH_ALLOC_CONF" in message else "PYTORCH_CUDA_ALLOC_CONF"
 
 
-def _expandable_segments_on() -> bool:
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        value = os.environ.get(name, "").replace(" ", "").lower()
-        if "expandable_segments:true" in value:
-            return True
-    return False
+class _Fragmented(NamedTuple):
+    unallocated_bytes: int
+    reserve: FreeReserve | None  # None: the segments could not be read
+
+
+def _fragmentation_advice(fragmented: _Fragmented, message: str) -> str:
+    """Expandable segments for the next kernel; empty_cache only as far as it would return anything."""
+    reserve = fragmented.reserve
+    held = format_bytes(fragmented.unallocated_bytes)
+    if reserve is not None:
+        pieces = f"in {reserve.pieces:,} pieces, the largest {format_bytes(reserve.largest_free_bytes)}"
+        free_now = " " + _sentence(empty_cache_advice(reserve))
+    else:
+        pieces, free_now = "not in one contiguous piece", ""
+    if expandable_segments_on():
+        return f"PyTorch has {held} reserved but unallocated, {pieces}, although expandable_segments is on.{free_now}"
+    setting = _sentence(expandable_segments_advice(_alloc_conf_variable(message)))
+    return (
+        f"Fragmentation: PyTorch holds {held} reserved but unallocated, more than the request, but {pieces}. "
+        f"{setting}{free_now}"
+    )
+
+
+def _sentence(text: str) -> str:
+    return f"{text[:1].upper()}{text[1:]}."
 
 
 def _advice(
     requested: int | None,
     total: int | None,
     free_bytes: int | None,
-    unallocated: int | None,
-    fragmentation: bool,
+    fragmented: _Fragmented | None,
     report_holders: Any,
     message: str,
 ) -> list[str]:
@@ -259,20 +301,8 @@ def _advice(
             f"The request alone ({format_bytes(requested)}) is larger than the whole device "
             f"({format_bytes(total)}): no amount of freeing helps; use a smaller batch or shard the tensor."
         )
-    if fragmentation and unallocated is not None:
-        if _expandable_segments_on():
-            advice.append(
-                f"PyTorch has {format_bytes(unallocated)} reserved but unallocated, yet not in one piece, although "
-                "expandable_segments is already on: free the cache with `%gpumem free` and retry."
-            )
-        else:
-            variable = _alloc_conf_variable(message)
-            advice.append(
-                f"Fragmentation: PyTorch holds {format_bytes(unallocated)} reserved but unallocated, more than the "
-                f"request, but not in one contiguous piece. Set {variable}=expandable_segments:True before CUDA "
-                "starts (restart the kernel, set it in the first cell before importing torch, or in the "
-                "environment), or return the cache with `%gpumem free`."
-            )
+    if fragmented is not None:
+        advice.append(_fragmentation_advice(fragmented, message))
     if report_holders is not None:
         hidden = sum(row.nbytes for row in report_holders.hidden)
         if hidden:
@@ -288,7 +318,7 @@ def _advice(
         and free_bytes is not None
         and requested is not None
         and free_bytes < requested
-        and not fragmentation
+        and fragmented is None
         and not too_large
     ):
         # "Then" follows a step above; alone it would repeat the closing line, which always names the command.
@@ -316,9 +346,15 @@ def _summary_lines(report: OomReport) -> list[str]:
             + (f"; this process uses {_b(report.process_bytes)}" if report.process_bytes is not None else "")
         )
     if report.allocated_bytes is not None or report.reserved_unallocated_bytes is not None:
+        reserve = report.free_reserve
+        pieces = (
+            f" in {reserve.pieces:,} pieces, the largest {format_bytes(reserve.largest_free_bytes)}"
+            if reserve is not None and report.fragmentation
+            else ""
+        )
         lines.append(
             f"  PyTorch: allocated {_b(report.allocated_bytes)}, reserved but unallocated "
-            f"{_b(report.reserved_unallocated_bytes)}" + (" (fragmentation)" if report.fragmentation else "")
+            f"{_b(report.reserved_unallocated_bytes)}{pieces}" + (" (fragmentation)" if report.fragmentation else "")
         )
     if len(lines) == 1:
         lines.append("  the error states no sizes, and none could be read from the device")

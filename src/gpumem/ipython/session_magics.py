@@ -120,7 +120,9 @@ def magic_history(state: ExtensionState, line: str) -> None:
 
 @magic_arguments("gpumem status")
 def magic_status(state: ExtensionState, line: str) -> None:
-    """Show what gpumem can read here (PyTorch allocator, NVML, host), the automatic mode and the sampler."""
+    """Show what gpumem can read here (PyTorch allocator, NVML, host), the automatic mode, the sampler, and
+    the standing conditions: what holds now of what the warnings say (a device nearly full or fragmented,
+    autograd graphs or outputs kept alive), each warned of once under the cell that caused it."""
     parse_argstring(magic_status, line)
     lines = ["gpumem status"]
     lines.extend(f"  {reader:<8} {status}" for reader, status in state.monitor.status().items())
@@ -139,7 +141,22 @@ def magic_status(state: ExtensionState, line: str) -> None:
     lines.append("  auto     " + auto_mode_text(state).removeprefix("gpumem automatic mode is "))
     cells = _count(len(state.tracker.history), "cell")
     lines.append(f"  history  {cells} recorded (keeps up to {state.tracker.history_size:,})")
+    lines.extend(_standing_lines(state))
     print("\n".join(lines))
+
+
+def _standing_lines(state: ExtensionState) -> list[str]:
+    """The conditions that hold now; each was warned of once, under the cell that caused it (if measured)."""
+    user_ns = state.shell.user_ns
+    outputs = user_ns.get("Out")
+    cached = {f"Out[{n}]": value for n, value in outputs.items()} if isinstance(outputs, dict) else {}
+    try:
+        conditions = state.tracker.standing_conditions(user_ns, cached)
+    except Exception as error:
+        return [f"  standing could not be checked ({type(error).__name__}: {error})"]
+    if not conditions:
+        return ["  standing none (no device nearly full or fragmented, no autograd graph or output kept alive)"]
+    return [f"  standing {condition.message}" for condition in conditions]
 
 
 _MILLISECOND = 1e-3

@@ -22,6 +22,7 @@ __all__ = [
     "HolderFinder",
     "VariableAttribution",
     "VariableReport",
+    "held_variables",
     "holders_walk",
     "not_inspected_note",
     "should_attribute",
@@ -127,7 +128,7 @@ class VariableAttribution:
         except Exception as error:
             return Attribution({}, f"variable attribution failed: {type(error).__name__}: {error}", False)
         self.walks["full" if names is None else "changed names"] += 1
-        held = _held_variables(report)
+        held = held_variables(report)
         if devices is not None and len(devices) > 1:
             wanted = {f"cuda:{d}" for d in devices}
             held = [h for h in held if wanted.intersection(h.device.split(","))]
@@ -146,7 +147,9 @@ class VariableAttribution:
         hidden: Mapping[str, Any] | None,
         threshold_bytes: int,
     ) -> VariableReport:
-        """The names holding more than at ``start`` (the cell's own baseline) or at the last inspection."""
+        """The names holding more than at ``start`` (the cell's own baseline) or at the last inspection;
+        the autograd graphs kept alive by the names this cell made, changed or grew."""
+        before = self._signatures
         attribution = self._walk(namespace, options, devices, hidden, threshold_bytes)
         if not attribution.ok:
             self._signatures = None
@@ -160,10 +163,10 @@ class VariableAttribution:
         changes = _grown(attribution.held, baseline)
         self._baseline = attribution.held
         self._baseline_label = f"cell [{count}]" if count is not None else "the previous inspection"
-        grown = {change.name for change in changes}
+        touched = {change.name for change in changes} | _changed_names(before, self._signatures)
         graph_paths: list[str] = []
         for held in sorted(attribution.held.values(), key=lambda h: -h.nbytes):
-            if held.graph_paths and (options.mode == "magic" or held.name in grown):
+            if held.graph_paths and (before is None or held.name in touched):
                 graph_paths.extend(held.graph_paths)
         if changes:
             note = f"new or grown {since}"
@@ -216,6 +219,13 @@ class VariableAttribution:
         return Attribution(held, part.note, True)
 
 
+def _changed_names(before: Signatures | None, after: Signatures | None) -> set[str]:
+    """Names bound to another value (or a built-in container of another length) since ``before``."""
+    if before is None or after is None:
+        return set(after or ())
+    return {name for name, signature in after.items() if before.get(name) != signature}
+
+
 def _grown(held: Mapping[str, HeldVariable], baseline: Mapping[str, HeldVariable]) -> list[VariableChange]:
     """The holders that are new or hold more than in ``baseline``, largest growth first."""
     changes: list[VariableChange] = []
@@ -232,7 +242,7 @@ def _grown(held: Mapping[str, HeldVariable], baseline: Mapping[str, HeldVariable
     return changes
 
 
-def _held_variables(report: Any) -> list[HeldVariable]:
+def held_variables(report: Any) -> list[HeldVariable]:
     """Read a holders report (``holders`` and ``hidden`` lists of Holder-like objects) defensively."""
     held: list[HeldVariable] = []
     for hidden, holders in ((False, getattr(report, "holders", ())), (True, getattr(report, "hidden", ()))):

@@ -105,7 +105,7 @@ class VariableChange(NamedTuple):
 
 
 class CellWarning(NamedTuple):
-    """Something the user should act on; ``kind`` is one of leak, graph, peak-reset, capacity, fragmentation."""
+    """Something the user should act on; ``kind``: leak, graph, output-cache, peak-reset, capacity, fragmentation."""
 
     kind: str
     message: str

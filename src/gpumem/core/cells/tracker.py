@@ -18,27 +18,25 @@ from gpumem.core.cells.attribution import (
     HolderFinder,
     VariableAttribution,
     VariableReport,
+    held_variables,
     holders_walk,
     not_inspected_note,
     should_attribute,
 )
 from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
+from gpumem.core.cells.conditions import Condition, ToldConditions, device_warnings, standing_conditions
 from gpumem.core.cells.record import (
     CellOptions,
     CellRecord,
     CellWarning,
     DeviceChange,
+    HeldVariable,
     classify_error,
     first_line_of,
     source_key,
 )
-from gpumem.core.cells.warnings import (
-    RerunLog,
-    device_warnings,
-    leak_warnings,
-    peak_reset_warnings,
-    variable_warnings,
-)
+from gpumem.core.cells.warnings import RerunLog, leak_warnings, peak_reset_warnings, variable_warnings
+from gpumem.core.fragmentation import ReserveReader
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
 from gpumem.core.sources import Snapshot
@@ -82,6 +80,8 @@ class CellTracker:
         self._count = 0
         self._active: list[ActiveCell] = []  # more than one only for concurrent (nested or threaded) blocks
         self._reruns = RerunLog()
+        self._told = ToldConditions()  # device conditions already warned of, so no later cell repeats them
+        self._reserves = ReserveReader()
         self._resets = PEAK_RESETS
         self._listeners: list[Callable[[CellRecord], None]] = []
         self._listening = False
@@ -249,7 +249,7 @@ class CellTracker:
         devices = device_changes(cell, start, end, options.devices, self._resets)
         host = host_change(cell, start, end)
         key = source_key(cell.source)
-        warnings = self._figure_warnings(key, devices, end, status)
+        warnings = self._figure_warnings(key, devices, start, end, status)
         variables = self._variables(cell, namespace, options, count, devices, hidden)
         warnings += variable_warnings(variables.changes, variables.graph_paths)
         draft = CellRecord(
@@ -279,12 +279,35 @@ class CellTracker:
         self._tell_listeners(record)
         return record
 
+    def standing_conditions(
+        self, namespace: Mapping[str, Any] | None = None, hidden: Mapping[str, Any] | None = None
+    ) -> list[Condition]:
+        """What holds now, warned of under an earlier cell or not: devices nearly full or fragmented,
+        and (with a namespace, and ``hidden`` for the host's own references) autograd graphs kept alive."""
+        held: list[HeldVariable] = []
+        finder = self._attribution.holder_finder
+        for mapping, names in ((namespace, None), (hidden, list(hidden or ()))):
+            if not mapping:
+                continue
+            try:
+                rows = held_variables(finder(mapping, "cuda", names))
+            except Exception:
+                rows = []  # the device conditions are still worth listing
+            held.extend(row._replace(hidden=True) if names is not None else row for row in rows)
+        try:
+            snapshot: Snapshot | None = self.monitor.snapshot()
+        except Exception:
+            snapshot = None  # the devices cannot be read now: what the walk found still holds
+        return standing_conditions(snapshot, self.capacity_fraction, self._reserves, self.monitor.source, held)
+
     # Internals ------------------------------------------------------------------------------------
     def _figure_warnings(
-        self, key: str, devices: Sequence[DeviceChange], end: Snapshot, status: str
+        self, key: str, devices: Sequence[DeviceChange], start: Snapshot, end: Snapshot, status: str
     ) -> list[CellWarning]:
-        """Peak counters reset, devices nearly full or fragmented, and growth alike on every re-run."""
-        warnings = peak_reset_warnings(devices) + device_warnings(devices, end, self.capacity_fraction)
+        """Peak counters reset, devices nearly full or fragmented (by this cell), and growth alike on every re-run."""
+        warnings = peak_reset_warnings(devices) + device_warnings(
+            devices, start, end, self.capacity_fraction, self._told, self._reserves, self.monitor.source
+        )
         runs_total, recent = self._reruns.add(key, devices, status, self.leak_runs)
         if recent is None:
             return warnings

@@ -1,7 +1,8 @@
 """What a cell's figures say the user should act on: its warnings.
 
 Each check is a function of the figures; the one thing kept between cells is :class:`RerunLog`, the
-growth of each cell's recent runs, which the leak-on-re-run check reads.
+growth of each cell's recent runs, which the leak-on-re-run check reads. Conditions of a device that
+outlast the cell (nearly full, fragmented) are :mod:`~gpumem.core.cells.conditions`'.
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ from collections.abc import Sequence
 
 from gpumem.core.cells.record import STATUS_OK, CellWarning, DeviceChange, VariableChange
 from gpumem.core.peaks import PEAK_RESET_NOTE
-from gpumem.core.sources import Snapshot
-from gpumem.core.units import GIB, format_bytes, format_delta
+from gpumem.core.units import format_bytes, format_delta
 
 __all__ = [
     "RerunLog",
-    "device_warnings",
     "graph_warning",
     "leak_warnings",
+    "output_cache_warning",
     "peak_reset_warnings",
     "variable_warnings",
 ]
 
-_FRAGMENTED_BYTES = GIB  # inactive split blocks below this are not worth a warning
-_FRAGMENTED_SHARE = 4  # ... nor below a quarter of what is reserved
 _REMEMBERED_CELLS = 1_000  # sources whose runs the leak check keeps
 _SHOWN_PATHS = 3  # graph-holding paths (or groups of them) named in the warning
 _GROUPED_FROM = 3  # consecutive elements of one container shown as a range
@@ -40,37 +38,6 @@ def peak_reset_warnings(devices: Sequence[DeviceChange]) -> list[CellWarning]:
         for change in devices
         if change.peak_note == PEAK_RESET_NOTE
     ]
-
-
-def device_warnings(devices: Sequence[DeviceChange], end: Snapshot, capacity_fraction: float) -> list[CellWarning]:
-    """Per device: nearly full (NVML, all processes), then much of the reserved memory fragmented."""
-    warnings: list[CellWarning] = []
-    for change in devices:
-        reading = end.device_for(change.device)
-        if reading is not None and reading.total_bytes > 0:
-            fraction = reading.used_bytes / reading.total_bytes
-            if fraction >= capacity_fraction:
-                warnings.append(
-                    CellWarning(
-                        "capacity",
-                        f"cuda:{change.device} is {fraction:.0%} full after this cell "
-                        f"({format_bytes(reading.used_bytes)} of {format_bytes(reading.total_bytes)} used, "
-                        "all processes)",
-                    )
-                )
-        allocator = end.allocator_for(change.device)
-        if allocator is not None:
-            split = allocator.inactive_split_bytes
-            if split >= _FRAGMENTED_BYTES and split >= allocator.reserved_bytes // _FRAGMENTED_SHARE:
-                warnings.append(
-                    CellWarning(
-                        "fragmentation",
-                        f"cuda:{change.device}: {format_bytes(split)} of the "
-                        f"{format_bytes(allocator.reserved_bytes)} reserved is split into unusable fragments; "
-                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts) avoids this",
-                    )
-                )
-    return warnings
 
 
 class RerunLog:
@@ -148,15 +115,17 @@ def leak_warnings(
 def variable_warnings(changes: Sequence[VariableChange], graph_paths: Sequence[str]) -> list[CellWarning]:
     """Autograd graphs kept alive by variables, and values IPython itself keeps (``Out``, ``_N``)."""
     warnings = [graph_warning(graph_paths)] if graph_paths else []
-    if any(change.hidden for change in changes):
-        names = ", ".join(change.name for change in changes if change.hidden)
-        warnings.append(
-            CellWarning(
-                "output-cache",
-                f"IPython keeps references to {names}: end the cell with ';' or use %gpumem free --deep",
-            )
-        )
+    hidden = [change.name for change in changes if change.hidden]
+    if hidden:
+        warnings.append(output_cache_warning(hidden))
     return warnings
+
+
+def output_cache_warning(names: Sequence[str]) -> CellWarning:
+    return CellWarning(
+        "output-cache",
+        f"IPython keeps references to {', '.join(names)}: end the cell with ';' or use %gpumem free --deep",
+    )
 
 
 def graph_warning(paths: Sequence[str]) -> CellWarning:
