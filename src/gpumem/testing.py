@@ -3,7 +3,7 @@
 It behaves like PyTorch's allocator from the outside (allocated, reserved that only shrinks on
 ``empty_cache``, peaks that ``reset_peaks`` resets) so the logic above it can be driven exactly.
 With ``segments=True`` it also places every block in segments by the caching allocator's rules
-(:mod:`gpumem.fake_allocator`), and ``memory_snapshot()`` shows them as torch's does.
+(:mod:`gpumem._fake_allocator`), and ``memory_snapshot()`` shows them as torch's does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.units import GIB, MIB
-from gpumem.fake_allocator import SegmentAllocator
+from gpumem._fake_allocator import SegmentAllocator
 
 __all__ = ["GIB", "MIB", "FakeSource"]
 

@@ -16,7 +16,7 @@ from gpumem.core.fragmentation import (
     worth_a_look,
 )
 from gpumem.core.sources import AllocatorReading, SystemSource
-from gpumem.fake_allocator import SegmentAllocator
+from gpumem._fake_allocator import SegmentAllocator
 from gpumem.testing import GIB, MIB, FakeSource
 
 ALLOCATED, FREE, PENDING = "active_allocated", "inactive", "active_pending_free"
