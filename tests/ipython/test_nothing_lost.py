@@ -1,0 +1,217 @@
+"""Nothing lost: an export that fails keeps the old file, a file that is not an export is replaced
+only when forced, and a path no file can have is one line.
+
+Magics run in the real in-process IPython shell; the CUDA side is a fake allocator with one device.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from _harness import run_cell_capture
+from gpumem.core.cells import history as history_module
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.ipython import extension as _extension
+from gpumem.testing import MIB, FakeSource
+
+
+@pytest.fixture
+def fake() -> FakeSource:
+    return FakeSource(devices=1)
+
+
+@pytest.fixture
+def shell(ip: Any, fake: FakeSource) -> Iterator[Any]:
+    set_default_monitor(Monitor(fake))
+    assert ip.run_cell("%load_ext gpumem").success
+    ip.user_ns.update(src=fake, MIB=MIB)
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def settings() -> Any:
+    state = _extension.get_state()
+    assert state is not None
+    return state.config
+
+
+def usage_error(shell: Any, cell: str) -> str:
+    """Run ``cell``; it must fail with a UsageError shown as one line. Returns that line.
+
+    The cell is not stored in IPython's history: its SQLite database cannot hold a lone surrogate.
+    """
+    with capture_output() as cap:
+        result = shell.run_cell(cell, store_history=False)
+    assert isinstance(result.error_in_exec, UsageError), (cell, result.error_in_exec)
+    shown = (cap.stderr + cap.stdout).strip()
+    assert "Traceback" not in shown and len(shown.splitlines()) == 1, shown
+    return shown
+
+
+def said(shell: Any, cell: str) -> str:
+    result, cap = run_cell_capture(shell, cell)
+    assert result.success, (cell, result.error_in_exec, cap.stderr)
+    return cap.stdout.strip()
+
+
+def two_cells(shell: Any) -> None:
+    run_cell_capture(shell, "%%gpumem -q\nh = src.allocate(MIB)")
+    run_cell_capture(shell, "%%gpumem -q\nx = 1")
+
+
+# A failing export keeps the previous file ---------------------------------------------------------
+
+
+class _DiskFull:
+    """A value whose text cannot be written: the write fails part-way, as on a full disk."""
+
+    def __str__(self) -> str:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_csv_export_that_fails_part_way_keeps_the_previous_file(
+    shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two_cells(shell)
+    target = tmp_path / "cells.csv"
+    assert said(shell, f"%gpumem history --csv {target}") == f"wrote 2 cells to {target}"
+    before = target.read_bytes()
+    run_cell_capture(shell, "%%gpumem -q\ny = 2")
+    rows = history_module.history_rows
+
+    def failing_rows(records: Any) -> list[dict[str, Any]]:
+        made = rows(records)
+        made[0]["first_line"] = _DiskFull()
+        return made
+
+    monkeypatch.setattr(history_module, "history_rows", failing_rows)
+    message = usage_error(shell, f"%gpumem history --csv {target}")
+    assert message == f"UsageError: %gpumem history: cannot write CSV to '{target}': No space left on device"
+    assert target.read_bytes() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cells.csv"]  # no temporary file left
+
+
+def test_a_json_export_that_fails_part_way_keeps_the_previous_file(
+    shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two_cells(shell)
+    target = tmp_path / "cells.json"
+    said(shell, f"%gpumem history --json {target}")
+    before = target.read_bytes()
+    convert = history_module.record_to_dict
+
+    def failing(record: Any) -> dict[str, Any]:
+        if record.serial == 2:  # the second cell
+            raise OSError(28, "No space left on device")
+        return convert(record)
+
+    monkeypatch.setattr(history_module, "record_to_dict", failing)
+    assert "cannot write JSON" in usage_error(shell, f"%gpumem history --json {target}")
+    assert target.read_bytes() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cells.json"]
+
+
+def test_a_cell_with_a_lone_surrogate_exports_as_valid_utf8(shell: Any, tmp_path: Path) -> None:
+    said(shell, "%gpumem auto on")
+    # Not in IPython's history database (SQLite cannot store a lone surrogate); Python cannot compile the
+    # cell either, but gpumem's history keeps it, as every measured cell.
+    result = shell.run_cell("x = 1  # \ud800", store_history=False)
+    assert isinstance(result.error_in_exec, UnicodeEncodeError)
+    assert settings() is not None and _extension.get_state().tracker.history[-1].first_line == "x = 1  # \ud800"
+    csv_path, json_path = tmp_path / "cells.csv", tmp_path / "cells.json"
+    out = said(shell, f"%gpumem history --csv {csv_path} --json {json_path}")
+    assert out == f"wrote 1 cell to {csv_path}\nwrote 1 cell to {json_path}"
+    text = csv_path.read_bytes().decode("utf-8")  # strict: valid UTF-8
+    (row,) = csv.DictReader(text.splitlines())
+    assert row["first_line"] == "x = 1  # \\ud800"  # the backslash escape of the unencodable character
+    data = json.loads(json_path.read_bytes().decode("ascii"))
+    assert data["gpumem_history"] == 1 and data["cells"][0]["first_line"] == "x = 1  # \ud800"  # round trip
+
+
+def test_replacing_an_export_says_so_and_keeps_the_files_mode(shell: Any, tmp_path: Path) -> None:
+    two_cells(shell)
+    target = tmp_path / "cells.csv"
+    said(shell, f"%gpumem history --csv {target}")
+    target.chmod(0o640)
+    assert said(shell, f"%gpumem history --csv {target}") == f"replaced {target} with 2 cells"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    run_cell_capture(shell, "%%gpumem -q\ny = 2")
+    said(shell, f"%gpumem history --csv {link}")
+    assert link.is_symlink() and target.read_text().count("\n") == 4  # the link's target, header and 3 cells
+
+
+@pytest.mark.parametrize(
+    ("option", "foreign"),
+    [("--csv", "name,notes\nAda,1815\n"), ("--json", '{"notes": [1815]}\n'), ("--csv", '{"gpumem_history": 1}')],
+)
+def test_a_file_that_is_not_an_export_is_replaced_only_with_force(
+    shell: Any, tmp_path: Path, option: str, foreign: str
+) -> None:
+    two_cells(shell)
+    target = tmp_path / "notes.txt"
+    target.write_text(foreign)
+    message = usage_error(shell, f"%gpumem history {option} {target}")
+    kind = option[2:].upper()
+    assert message == (
+        f"UsageError: %gpumem history: {target} exists and is not a gpumem {kind} export; "
+        "it was left as it was (--force replaces it)"
+    )
+    assert target.read_text() == foreign
+    assert said(shell, f"%gpumem history {option} {target} --force") == f"replaced {target} with 2 cells"
+    assert said(shell, f"%gpumem history {option} {target}") == f"replaced {target} with 2 cells"  # ours now
+
+
+def test_an_empty_file_is_replaced_without_force(shell: Any, tmp_path: Path) -> None:
+    two_cells(shell)
+    target = tmp_path / "cells.csv"
+    target.touch()
+    assert said(shell, f"%gpumem history --csv {target}") == f"replaced {target} with 2 cells"
+
+
+def test_the_export_checks_recognise_exactly_our_files() -> None:
+    header = ",".join(history_module.history_columns(())).encode()
+    assert history_module.is_csv_export(header + b"\r\n1,2\r\n")
+    two_devices = ",".join(history_module._columns_for([0, 3])).encode()
+    assert history_module.is_csv_export(two_devices + b"\r\n")
+    assert not history_module.is_csv_export(header.replace(b"cell,", b"cells,") + b"\r\n")
+    assert not history_module.is_csv_export(header + b",extra\r\n")
+    assert not history_module.is_csv_export(b"cell,execution_count\n")
+    assert history_module.is_json_export(b'{\n "gpumem_history": 1,\n "cells": []}')
+    assert not history_module.is_json_export(b'[{"serial": 1}]')
+    assert not history_module.is_json_export(b'{"notes": {"gpumem_history": 1}}')
+
+
+# Paths no file can have: one line each --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("~nosuchuser_gpumem/x.csv", "--csv '~nosuchuser_gpumem/x.csv': cannot find the home directory of"),
+        ('"a\x00b.csv"', "a path cannot contain a NUL character"),
+        ('""', "--csv expects a file path, not ''"),
+        ("\ud800.csv", "the file system cannot store this name"),
+        (".", "cannot write CSV to '.': is a folder"),
+        ("/dev/null", "cannot write CSV to '/dev/null': is not a regular file"),
+    ],
+)
+def test_a_path_no_file_can_have_is_one_line(
+    shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, expected: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert expected in usage_error(shell, f"%gpumem history --csv {path}")
+    assert list(tmp_path.iterdir()) == []
