@@ -1,5 +1,5 @@
-"""Nothing lost: an export that fails keeps the old file, a file that is not an export is replaced
-only when forced, and a path no file can have is one line.
+"""Nothing lost: exports that fail keep the old file, one bad setting is refused alone, settings made
+at run time survive a reload, and bad paths are one line.
 
 Magics run in the real in-process IPython shell; the CUDA side is a fake allocator with one device.
 """
@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
+from traitlets.config import Config, PyFileConfigLoader
 
 from _harness import run_cell_capture
 from gpumem.core.cells import history as history_module
@@ -215,3 +216,85 @@ def test_a_path_no_file_can_have_is_one_line(
     monkeypatch.chdir(tmp_path)
     assert expected in usage_error(shell, f"%gpumem history --csv {path}")
     assert list(tmp_path.iterdir()) == []
+
+
+# One bad setting is refused alone ---------------------------------------------------------------------
+
+
+def test_a_bad_config_value_is_refused_alone(ip: Any, fake: FakeSource, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.config.GpuMem.threshold_bytes = "abc"
+    ip.config.GpuMem.top_variables = 3
+    set_default_monitor(Monitor(fake))
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            "gpumem: ignoring GpuMem.threshold_bytes = 'abc' (the other settings apply): TraitError: "
+            "The 'threshold_bytes' trait of a GpuMem instance expected an int, not the str 'abc'."
+        )
+        assert settings().top_variables == 3 and settings().threshold_bytes == 64 * MIB
+        assert ip.run_cell("%reload_ext gpumem").success
+        assert capsys.readouterr().err == ""  # said once
+        assert settings().top_variables == 3
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def test_a_bad_value_in_a_config_file_is_refused_alone(
+    ip: Any, fake: FakeSource, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ipython_config.py").write_text(
+        "c.GpuMem.threshold_bytes = 'abc'\nc.GpuMem.auto = True\nc.GpuMem.leak_runs = 1\nc.GpuMem.attribute = 'never'\n"
+    )
+    loaded = PyFileConfigLoader("ipython_config.py", path=str(tmp_path)).load_config()
+    assert isinstance(loaded, Config)
+    ip.config.merge(loaded)
+    set_default_monitor(Monitor(fake))
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert [line.split(" = ")[0] for line in lines] == [
+            "gpumem: ignoring GpuMem.threshold_bytes",
+            "gpumem: ignoring GpuMem.leak_runs",
+        ]
+        assert settings().auto and settings().attribute == "never"
+        assert settings().threshold_bytes == 64 * MIB and settings().leak_runs == 3
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def test_a_bad_config_magic_is_one_line_and_a_reload_keeps_the_rest(
+    shell: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    said(shell, "%config GpuMem.top_variables = 2")
+    capsys.readouterr()
+    _result, cap = run_cell_capture(shell, "%config GpuMem.threshold_bytes = 'abc'")
+    assert cap.stdout + cap.stderr == ""  # IPython's %config logs the refusal, one record:
+    (record,) = caplog.records
+    assert "'threshold_bytes' trait of a GpuMem instance expected an int" in record.getMessage()
+    assert len(record.getMessage().splitlines()) == 1 and record.exc_info is None
+    assert settings().threshold_bytes == 64 * MIB and settings().top_variables == 2
+    assert shell.run_cell("%reload_ext gpumem").success
+    assert "ignoring GpuMem.threshold_bytes = 'abc' (the other settings apply)" in capsys.readouterr().err
+    assert settings().top_variables == 2
+
+
+# Settings made at run time survive a reload -----------------------------------------------------------
+
+
+def test_a_reload_keeps_the_settings_made_at_run_time(shell: Any) -> None:
+    said(shell, "%gpumem auto on --threshold 1MiB --vars always --keep-peaks")
+    said(shell, "%config GpuMem.top_variables = 2")
+    run_cell_capture(shell, "h = src.allocate(MIB)")
+    for _ in range(2):
+        assert shell.run_cell("%reload_ext gpumem").success
+        config = settings()
+        assert (config.auto, config.threshold_bytes, config.attribute, config.keep_peaks) == (True, MIB, "always", True)
+        assert config.top_variables == 2
+    _result, cap = run_cell_capture(shell, "g = src.allocate(2 * MIB)")  # automatic mode really is on
+    assert [output.data["text/plain"][:8] for output in cap.outputs] == ["gpumem ["]
+    assert shell.run_cell("%unload_ext gpumem").success
+    assert shell.run_cell("%load_ext gpumem").success
+    assert settings().auto and settings().threshold_bytes == MIB
