@@ -1,5 +1,5 @@
 """Nothing lost: exports that fail keep the old file, one bad setting is refused alone, settings made
-at run time survive a reload, and bad paths are one line.
+at run time survive a reload, bad paths are one line, and tracebacks show the user's own header line.
 
 Magics run in the real in-process IPython shell; the CUDA side is a fake allocator with one device.
 """
@@ -298,3 +298,37 @@ def test_a_reload_keeps_the_settings_made_at_run_time(shell: Any) -> None:
     assert shell.run_cell("%unload_ext gpumem").success
     assert shell.run_cell("%load_ext gpumem").success
     assert settings().auto and settings().threshold_bytes == MIB
+
+
+# Tracebacks show the user's own header line ---------------------------------------------------------
+
+
+def traceback_of(shell: Any, cell: str) -> str:
+    result, cap = run_cell_capture(shell, cell)
+    assert result.error_in_exec is not None
+    return cap.stdout + cap.stderr
+
+
+def test_a_traceback_shows_the_users_header_line(shell: Any) -> None:
+    shown = traceback_of(shell, "%%gpumem   -q\n1 / 0\nnever = 1")
+    assert "Cell In[1], line 2\n      1 %%gpumem   -q\n----> 2 1 / 0\n" in shown
+    assert "run_line_magic" not in shown
+    assert "never" not in shell.user_ns
+
+
+def test_a_function_defined_under_a_header_shows_it_when_called_later(shell: Any) -> None:
+    said(shell, "%%gpumem -q\ndef divide(x):\n    return x / 0")
+    shown = traceback_of(shell, "divide(1)")
+    assert "      1 %%gpumem -q\n      2 def divide(x):\n----> 3     return x / 0" in shown
+    assert "run_line_magic" not in shown
+
+
+def test_time_above_or_below_a_header_still_measures(shell: Any) -> None:
+    state = _extension.get_state()
+    assert state is not None
+    for cell in ("%%time\n%%gpumem -q\nh = src.allocate(MIB)", "%%gpumem -q\n%%time\ng = src.allocate(MIB)"):
+        assert run_cell_capture(shell, cell)[0].success
+        assert state.tracker.history[-1].devices[0].allocated_delta_bytes == MIB
+    shown = traceback_of(shell, "%%time\n%%gpumem -q\nx = 1\n1 / 0")
+    assert "ZeroDivisionError" in shown and "gpumem/" not in shown
+    assert state.tracker.history[-1].status.startswith("error")
