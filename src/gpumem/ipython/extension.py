@@ -100,7 +100,7 @@ def unload(shell: Any) -> None:
     state.run_unload_callbacks()
     for step in reversed(loaded.undo):
         _attempt(step)
-    if "gpumem.panel.sidebar" in sys.modules:  # else no panel was ever opened through gpumem
+    if "gpumem.panel.widget" in sys.modules:  # else no panel was ever made (%gpumem monitor, gpumem.Panel())
         from gpumem.panel.sidebar import close_all
 
         _attempt(_Step(_PANEL_FEATURE, close_all))
