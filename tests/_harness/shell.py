@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import os
 import sys
@@ -66,6 +67,8 @@ def _snapshot(shell: InteractiveShell) -> dict[str, Any]:
         "magics": {kind: dict(table) for kind, table in shell.magics_manager.magics.items()},
         "input_transformers": list(shell.input_transformers_post),
         "ast_transformers": list(shell.ast_transformers),
+        # gpumem keeps settings made at run time in the shell's config (so that a reload keeps them).
+        "gpumem_config": copy.deepcopy(shell.config["GpuMem"]) if "GpuMem" in shell.config else None,
     }
 
 
@@ -84,6 +87,9 @@ def _restore(shell: InteractiveShell, snap: dict[str, Any]) -> None:
         shell.magics_manager.magics[kind].update(table)
     shell.input_transformers_post[:] = snap["input_transformers"]
     shell.ast_transformers[:] = snap["ast_transformers"]
+    shell.config.pop("GpuMem", None)
+    if snap["gpumem_config"] is not None:
+        shell.config["GpuMem"] = snap["gpumem_config"]
 
 
 def reset_shell(shell: InteractiveShell) -> None:
@@ -102,8 +108,8 @@ def ip() -> Iterator[InteractiveShell]:
     """The session's in-process ``InteractiveShell``; ``get_ipython()`` returns it.
 
     Every test starts with an empty user namespace and output cache and execution count 1, as in a
-    fresh kernel; extensions the test loaded are unloaded afterwards and event callbacks, magics and
-    transformers restored.
+    fresh kernel; extensions the test loaded are unloaded afterwards and event callbacks, magics,
+    transformers and the ``GpuMem`` section of the shell's config restored.
     """
     shell = _ipython_shell()
     snap = _snapshot(shell)

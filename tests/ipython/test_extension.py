@@ -162,11 +162,12 @@ def test_config_sets_the_defaults(ip: Any, fake_monitor: Monitor) -> None:
 
 def test_bad_config_is_reported_and_ignored(ip: Any, fake_monitor: Monitor, capsys: pytest.CaptureFixture[str]) -> None:
     ip.config.GpuMem.leak_runs = 1  # must be at least 2
+    ip.config.GpuMem.leak_min_bytes = 4096
     try:
         assert ip.run_cell("%load_ext gpumem").success
         state = _extension.get_state()
-        assert state is not None and state.tracker.leak_runs == 3
-        assert "gpumem: ignoring the GpuMem configuration" in capsys.readouterr().err
+        assert state is not None and state.tracker.leak_runs == 3 and state.tracker.leak_min_bytes == 4096
+        assert "gpumem: ignoring GpuMem.leak_runs = 1 (the other settings apply)" in capsys.readouterr().err
     finally:
         ip.run_cell("%unload_ext gpumem")
         del ip.config["GpuMem"]

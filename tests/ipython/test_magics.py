@@ -322,7 +322,9 @@ def test_history_table_exports_and_dataframe(shell: Any, tmp_path: Path) -> None
     assert [row["status"] for row in rows] == ["ok", "error"]
     assert int(rows[0]["cuda0_allocated_delta_bytes"]) == GIB
     data = json.loads(json_path.read_text())
-    assert data[0]["devices"][0]["allocated_delta_bytes"] == GIB and data[1]["error"] == "KeyError: 'k'"
+    assert data["gpumem_history"] == 1
+    cells = data["cells"]
+    assert cells[0]["devices"][0]["allocated_delta_bytes"] == GIB and cells[1]["error"] == "KeyError: 'k'"
 
     frame = gpumem.history()
     assert list(frame["status"]) == ["ok", "error"]

@@ -7,8 +7,10 @@ meaningful everywhere else. Nothing here imports more than IPython's magic machi
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from IPython.core import magic as _magic
@@ -30,6 +32,7 @@ __all__ = [
     "magics_class",
     "parse_argstring",
     "parse_devices",
+    "parse_path",
     "parse_size",
     "split_arguments",
 ]
@@ -99,6 +102,30 @@ def parse_size(text: str) -> int:
         return units.parse_size(text)
     except ValueError as error:
         raise UsageError(str(error)) from None
+
+
+def parse_path(option: str, text: str | None) -> Path | None:
+    """The file path given to ``option`` (None: not given), ``~`` expanded; a path no file can have is a UsageError.
+
+    Checked here because the file system's own refusals are not ``OSError``s: a NUL character is a
+    ValueError, an unknown ``~user`` a RuntimeError, a lone surrogate a UnicodeEncodeError.
+    """
+    if text is None:
+        return None
+    if not text.strip():
+        raise UsageError(f"{option} expects a file path, not {text!r}")
+    if "\0" in text:
+        raise UsageError(f"{option} {text!r}: a path cannot contain a NUL character")
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # "~user" naming no user, or "~" without a home directory
+        home = text.split("/", 1)[0]
+        raise UsageError(f"{option} {text!r}: cannot find the home directory of {home!r}") from None
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        raise UsageError(f"{option} {text!r}: the file system cannot store this name") from None
+    return path
 
 
 def parse_devices(text: str) -> tuple[int, ...]:

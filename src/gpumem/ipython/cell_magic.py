@@ -12,8 +12,10 @@ it. The magic only runs the body itself when it is called some other way
 from __future__ import annotations
 
 import ast
+import linecache
 import re
-from typing import Any, NamedTuple
+from types import FrameType
+from typing import Any, NamedTuple, cast
 
 from gpumem.core.cells import CellOptions
 from gpumem.core.sources import MemorySource
@@ -111,6 +113,10 @@ class HeaderTransformer:
     magic the header is only dropped (a cell magic must come first). A header with invalid
     arguments is left in place: IPython then calls the magic, which reports the error without
     running the body, as any cell magic would.
+
+    IPython caches the transformed cell for its tracebacks (``linecache``, under the cell's name),
+    so they would show that call as line 1; when the call runs, :meth:`show_header_in_tracebacks`
+    puts the user's own header line back in that cache.
     """
 
     # The terminal's "is this cell complete?" check must still see the %%gpumem line (a cell magic is
@@ -119,6 +125,7 @@ class HeaderTransformer:
 
     def __init__(self, source: MemorySource) -> None:
         self.source = source
+        self._headers: dict[str, str] = {}  # the call line -> the user's header line it replaced
 
     def __call__(self, lines: list[str]) -> list[str]:
         if not lines or not lines[0].startswith("%%gpumem"):
@@ -133,8 +140,37 @@ class HeaderTransformer:
             return lines
         if len(lines) > 1 and lines[1].startswith("%%"):
             return lines[1:]
-        call = f"get_ipython().run_line_magic('gpumem', {('_cell ' + arguments).strip()!r})\n"
-        return [call, *lines[1:]]
+        call = f"get_ipython().run_line_magic('gpumem', {('_cell ' + arguments).strip()!r})"
+        self._headers.pop(call, None)
+        self._headers[call] = lines[0].rstrip("\r\n") + "\n"
+        while len(self._headers) > _HEADERS_KEPT:
+            del self._headers[next(iter(self._headers))]
+        return [call + "\n", *lines[1:]]
+
+    def show_header_in_tracebacks(self, frame: FrameType | None) -> None:
+        """Called from the header's call: in the cached source of the cell running it, show the header again.
+
+        ``frame`` is the caller's; the cell is the first frame up the stack executing one of our
+        calls in a cached cell (a body run by ``%%time`` has no cached source: nothing to do).
+        """
+        for _ in range(_FRAMES_SEARCHED):
+            if frame is None:
+                return
+            entry = linecache.cache.get(frame.f_code.co_filename)
+            line = frame.f_lineno
+            if entry is not None and len(entry) == _CACHE_ENTRY_FIELDS:  # not a lazy (1-tuple) entry
+                size, mtime, source, name = cast("tuple[int, float | None, list[str], str]", entry)
+                header = self._headers.get(source[line - 1].rstrip("\n")) if 0 < line <= len(source) else None
+                if header is not None:
+                    lines = [*source[: line - 1], header, *source[line:]]
+                    linecache.cache[frame.f_code.co_filename] = (size, mtime, lines, name)
+                    return
+            frame = frame.f_back
+
+
+_HEADERS_KEPT = 64
+_FRAMES_SEARCHED = 16  # from the magic up to the cell: IPython's run_line_magic and the magic's wrappers
+_CACHE_ENTRY_FIELDS = 4  # linecache's (size, mtime, lines, full name)
 
 
 def run_body(shell: Any, body: str) -> Any:

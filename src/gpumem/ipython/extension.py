@@ -73,8 +73,8 @@ def load(shell: Any) -> ExtensionState:
     config = make_config(shell)
     state = ExtensionState(shell, default_monitor(), config)
     hooks = CellHooks(state, oom=_explainer(shell))
-    magics = GpuMemMagics(shell, state, hooks)
     header = HeaderTransformer(state.monitor.source)
+    magics = GpuMemMagics(shell, state, hooks, header)
     shell.register_magics(magics)
     shell.input_transformers_cleanup.append(header)
     shell.events.register("pre_run_cell", hooks.pre_run_cell)
@@ -100,7 +100,7 @@ def unload(shell: Any) -> None:
     state.run_unload_callbacks()
     for step in reversed(loaded.undo):
         _attempt(step)
-    if "gpumem.panel.sidebar" in sys.modules:  # else no panel was ever opened through gpumem
+    if "gpumem.panel.widget" in sys.modules:  # else no panel was ever made (%gpumem monitor, gpumem.Panel())
         from gpumem.panel.sidebar import close_all
 
         _attempt(_Step(_PANEL_FEATURE, close_all))

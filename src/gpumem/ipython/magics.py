@@ -12,6 +12,7 @@ the answer; its docstring is its help. How a ``%%gpumem`` cell runs is in
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 from IPython.core.magic import Magics
 
 from gpumem.ipython.arguments import UsageError, line_cell_magic, magics_class
-from gpumem.ipython.cell_magic import cell_usage, parse_cell_options, run_body
+from gpumem.ipython.cell_magic import HeaderTransformer, cell_usage, parse_cell_options, run_body
 from gpumem.ipython.hooks import CellHooks
 from gpumem.ipython.memory_magics import magic_free, magic_who
 from gpumem.ipython.session_magics import magic_auto, magic_history, magic_status
@@ -106,10 +107,11 @@ def full_help() -> str:
 class GpuMemMagics(Magics):
     """The ``%gpumem`` line magic and the ``%%gpumem`` cell magic of one loaded extension."""
 
-    def __init__(self, shell: Any, state: ExtensionState, hooks: CellHooks) -> None:
+    def __init__(self, shell: Any, state: ExtensionState, hooks: CellHooks, header: HeaderTransformer) -> None:
         super().__init__(shell)
         self.state = state
         self.hooks = hooks
+        self.header = header
 
     @line_cell_magic
     @_help_from(full_help)
@@ -122,6 +124,7 @@ class GpuMemMagics(Magics):
                 raise _named(error, "%%gpumem") from None
         name, rest = [*line.split(None, 1), "", ""][:2]
         if name == "_cell":  # a %%gpumem header line, rewritten by HeaderTransformer
+            self.header.show_header_in_tracebacks(sys._getframe(1))  # noqa: SLF001 - the cell is up the stack
             self.hooks.cell_header_reached(parse_cell_options(rest, self.state.monitor.source))
             return None
         if name in _HELP:

@@ -4,10 +4,21 @@ state (its settings, cell tracker and monitor), which the magics pass in."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
+from gpumem.core.cells import CellRecord
+from gpumem.core.files import ForeignFileError
 from gpumem.core.units import format_bytes
-from gpumem.ipython.arguments import UsageError, argument, display, magic_arguments, parse_argstring, parse_size
+from gpumem.ipython.arguments import (
+    UsageError,
+    argument,
+    display,
+    magic_arguments,
+    parse_argstring,
+    parse_path,
+    parse_size,
+)
 from gpumem.ipython.state import ExtensionState
 
 __all__ = ["auto_mode_text", "magic_auto", "magic_history", "magic_status"]
@@ -85,37 +96,62 @@ def auto_mode_text(state: ExtensionState) -> str:
 @argument("--last", type=int, default=30, metavar="N", help="show the last N cells (default 30)")
 @argument("--all", action="store_true", help="show every recorded cell")
 @argument("--csv", metavar="PATH", help="write the history to a CSV file (one row per cell)")
-@argument("--json", metavar="PATH", help="write the history to a JSON file (one object per cell)")
+@argument(
+    "--json",
+    metavar="PATH",
+    help='write the history to a JSON file: {"gpumem_history": 1, "cells": [one object per cell]}',
+)
+@argument(
+    "--force",
+    action="store_true",
+    help="replace an existing file even if it is not a gpumem export (without it, only an empty file, a CSV "
+    "whose header is gpumem's or a JSON object whose first key is gpumem_history is replaced)",
+)
 @argument("--clear", action="store_true", help="forget the recorded cells")
 def magic_history(state: ExtensionState, line: str) -> None:
     """Show the measured cells (number, start, duration, status, per-device allocated change and peak,
     host change, warnings, first line), or export them. In Python, gpumem.history() returns a DataFrame.
+
+    An export is written to a temporary file next to the target and renamed over it only once it is
+    complete: if writing fails, the previous file is left as it was.
     """
-    from gpumem.core.cells.report import HistoryTable, write_csv, write_json
+    from gpumem.core.cells.report import HistoryTable
 
     args = parse_argstring(magic_history, line)
     records = state.tracker.history
     if args.last < 0:
         raise UsageError(f"--last must be 0 or more, not {args.last}")
+    exports = [(kind, parse_path(f"--{kind.lower()}", path)) for kind, path in (("CSV", args.csv), ("JSON", args.json))]
     exported = False
-    for path, writer, kind in ((args.csv, write_csv, "CSV"), (args.json, write_json, "JSON")):
-        if path is None:
-            continue
-        target = Path(path).expanduser()
-        try:
-            writer(records, target)
-        except OSError as error:
-            raise UsageError(f"cannot write {kind} to {str(target)!r}: {error.strerror or error}") from None
-        print(f"wrote {len(records)} cells to {target}")
-        exported = True
+    for kind, target in exports:
+        if target is not None:
+            _export(records, kind, target, force=bool(args.force))
+            exported = True
     if args.clear:
         state.tracker.clear_history()
-        print(f"forgot {len(records)} cells")
+        print(f"forgot {_count(len(records), 'cell')}")
         return
     if exported:
         return
     shown = records if args.all else records[len(records) - args.last :] if args.last else ()
     display(HistoryTable(shown, total=len(records)))
+
+
+def _export(records: Sequence[CellRecord], kind: str, target: Path, *, force: bool) -> None:
+    """Write one export file and say so; a refusal or a failure is a one-line UsageError."""
+    from gpumem.core.cells.report import write_csv, write_json
+
+    writer = write_csv if kind == "CSV" else write_json
+    try:
+        replaced = writer(records, target, force=force)
+    except ForeignFileError:
+        raise UsageError(
+            f"{target} exists and is not a gpumem {kind} export; it was left as it was (--force replaces it)"
+        ) from None
+    except OSError as error:
+        raise UsageError(f"cannot write {kind} to {str(target)!r}: {error.strerror or error}") from None
+    cells = _count(len(records), "cell")
+    print(f"replaced {target} with {cells}" if replaced else f"wrote {cells} to {target}")
 
 
 @magic_arguments("gpumem status")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traitlets import Bool, Enum, Int
-from traitlets.config import Configurable
+from traitlets.config import Config, Configurable
 
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.monitor import Monitor
@@ -57,13 +57,32 @@ class GpuMem(Configurable):
     )
 
 
+_SECTION = GpuMem.__name__  # the configuration section: c.GpuMem.*
+
+
 def make_config(shell: Any) -> GpuMem:
-    """The settings from the shell's config; a bad value there is one line, and the defaults apply."""
+    """The settings from the shell's config: a value GpuMem refuses is one line and left out, the rest apply."""
+    config = getattr(shell, "config", None)
+    if isinstance(config, Config) and _SECTION in config:
+        _drop_refused(config[_SECTION])
     try:
         return GpuMem(parent=shell)
-    except Exception as error:
-        complain("ignoring the GpuMem configuration", error)
+    except Exception as error:  # a refused value the section above does not hold (c.InteractiveShell.GpuMem.x)
+        complain(f"ignoring the {_SECTION} configuration", error)
         return GpuMem()
+
+
+def _drop_refused(section: Config) -> None:
+    """Take each value GpuMem would refuse out of ``section``, saying which and why, once."""
+    known = set(GpuMem.class_trait_names(config=True))  # unknown names: traitlets' own "did you mean" warning
+    for name, value in list(section.items()):
+        if name not in known:
+            continue
+        try:
+            GpuMem(config=Config({_SECTION: {name: value}}))
+        except Exception as error:
+            del section[name]
+            complain(f"ignoring {_SECTION}.{name} = {value!r} (the other settings apply)", error)
 
 
 class ExtensionState:
@@ -103,8 +122,9 @@ class ExtensionState:
                 complain("an unload callback failed", error)
 
     def config_changed(self, change: Any) -> None:
-        """``%config GpuMem.x = ...`` (observed while loaded): pass the new value to the tracker."""
+        """A setting changed (``%gpumem auto ...``, ``%config GpuMem.x = ...``): keep it, pass it to the tracker."""
         name, value = change["name"], change["new"]
+        self._keep_setting(name, value)
         if name == "history_size":
             self.tracker.history_size = value
         elif name in ("leak_runs", "leak_min_bytes", "attribute_threshold_bytes"):
@@ -114,6 +134,16 @@ class ExtensionState:
                 self.warm_up()
             else:
                 self.tracker.release_sampler()
+
+    def _keep_setting(self, name: str, value: Any) -> None:
+        """Write a setting made at run time into the session's configuration.
+
+        ``%reload_ext gpumem`` builds the settings from the shell's configuration, so it keeps the
+        change; and a later ``%config`` (which reloads every configured value) does not undo it.
+        """
+        for config in (getattr(self.shell, "config", None), self.config.config):
+            if isinstance(config, Config):
+                config[_SECTION][name] = value
 
     def warm_up(self) -> None:
         """Start sampling now so that opening NVML and psutil happens off the first measured cell."""

@@ -6,20 +6,24 @@ import csv
 import html
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from gpumem.core.cells.formatting import STYLE, at_least, cell_label, format_duration
 from gpumem.core.cells.record import CellRecord
+from gpumem.core.files import replace_file
 from gpumem.core.units import format_delta
 
 __all__ = [
+    "JSON_MARKER",
     "HistoryTable",
     "history_columns",
     "history_dataframe",
     "history_rows",
+    "is_csv_export",
+    "is_json_export",
     "record_to_dict",
     "write_csv",
     "write_json",
@@ -165,6 +169,10 @@ _DEVICE_FIELDS = (
 
 
 def history_columns(records: Sequence[CellRecord]) -> list[str]:
+    return _columns_for(_devices_in(records))
+
+
+def _columns_for(devices: Iterable[int]) -> list[str]:
     columns = [
         "cell",
         "execution_count",
@@ -181,7 +189,7 @@ def history_columns(records: Sequence[CellRecord]) -> list[str]:
         "host_peak_rss_bytes",
         "host_peak_exact",
     ]
-    for device in _devices_in(records):
+    for device in devices:
         columns += [f"cuda{device}_{name}" for name in _DEVICE_FIELDS]
     return [*columns, "warnings", "variables"]
 
@@ -238,15 +246,54 @@ def history_dataframe(records: Sequence[CellRecord]) -> Any:
     return frame.drop(columns=["started_wall_s"])
 
 
-def write_json(records: Sequence[CellRecord], path: str | os.PathLike[str]) -> None:
-    with Path(path).open("w", encoding="utf-8") as handle:
-        json.dump([record_to_dict(record) for record in records], handle, indent=1)
+# The JSON export is one object with this key (its value: the format's version) above the cells, so
+# that an existing file can be told apart from any other JSON before it is replaced.
+JSON_MARKER = "gpumem_history"
+JSON_VERSION = 1
+_DEVICE_COLUMN = re.compile(r"cuda([0-9]{1,9})_(?:" + "|".join(_DEVICE_FIELDS) + ")", re.ASCII)
+
+
+def write_json(records: Sequence[CellRecord], path: str | os.PathLike[str], *, force: bool = False) -> bool:
+    """``{"gpumem_history": 1, "cells": [...]}`` to ``path``, atomically; True when it replaced a file.
+
+    An existing file that is not such an export raises :class:`~gpumem.core.files.ForeignFileError`
+    unless ``force``. Non-ASCII text is escaped (``\\ud800`` for a lone surrogate): the file is ASCII.
+    """
+
+    def write(handle: TextIO) -> None:
+        cells = [record_to_dict(record) for record in records]
+        json.dump({JSON_MARKER: JSON_VERSION, "cells": cells}, handle, indent=1)
         handle.write("\n")
 
+    return replace_file(path, write, recognise=is_json_export, force=force)
 
-def write_csv(records: Sequence[CellRecord], path: str | os.PathLike[str]) -> None:
-    with Path(path).open("w", encoding="utf-8", newline="") as handle:
+
+def write_csv(records: Sequence[CellRecord], path: str | os.PathLike[str], *, force: bool = False) -> bool:
+    """One row per cell to ``path``, atomically; True when it replaced a file.
+
+    An existing file whose first line is not a history header raises
+    :class:`~gpumem.core.files.ForeignFileError` unless ``force``. A character UTF-8 cannot encode (a
+    lone surrogate) is written as its backslash escape, so the file stays valid UTF-8.
+    """
+
+    def write(handle: TextIO) -> None:
         writer = csv.DictWriter(handle, fieldnames=history_columns(records))
         writer.writeheader()
         for row in history_rows(records):
             writer.writerow({key: "" if value is None else value for key, value in row.items()})
+
+    return replace_file(path, write, recognise=is_csv_export, force=force, newline="")
+
+
+def is_csv_export(start: bytes) -> bool:
+    """Whether a file starting with ``start`` is a history CSV: its header is exactly our columns."""
+    first = start.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", errors="replace")
+    names = next(csv.reader([first]), [])
+    devices = sorted({int(match.group(1)) for match in map(_DEVICE_COLUMN.fullmatch, names) if match})
+    return names == _columns_for(devices)
+
+
+def is_json_export(start: bytes) -> bool:
+    """Whether a file starting with ``start`` is a history JSON export: an object whose first key is the marker."""
+    text = start.decode("utf-8", errors="replace").lstrip()
+    return re.match(r'\{\s*"' + JSON_MARKER + r'"\s*:', text) is not None
