@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpumem._fake_allocator import SegmentAllocator
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.units import GIB, MIB
-from gpumem._fake_allocator import SegmentAllocator
 
 __all__ = ["GIB", "MIB", "FakeSource"]
 
