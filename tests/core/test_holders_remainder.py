@@ -248,3 +248,64 @@ def test_device_split_without_the_per_process_figure() -> None:
         "(CUDA contexts, libraries, other processes)"
     )
     assert device_split(FakeSource(nvml=False).snapshot(process_memory=True), 0) is None
+
+
+# -- the cell report's device line, and free --workspaces ---------------------------------------------
+
+
+def test_cell_report_splits_device_used_under_the_device() -> None:
+    from gpumem.core.cells import CellOptions, CellTracker
+    from gpumem.core.cells.report import CellReport
+    from gpumem.core.monitor import Monitor
+
+    fake = FakeSource(context_bytes=520 * MIB, other_processes_bytes=64 * MIB)
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    try:
+        cell = tracker.begin("x = torch.ones(...)", options=CellOptions())
+        fake.allocate(1536 * MIB)
+        record = tracker.end(cell, error=None)
+    finally:
+        tracker.close()
+    (change,) = record.devices
+    assert change.process_used_after_bytes == 1536 * MIB + 520 * MIB
+    expected = (
+        "device used 2.1 GiB = PyTorch reserved 1.5 GiB + this process outside PyTorch 520.0 MiB "
+        "(CUDA context, libraries) + other processes 64.0 MiB"
+    )
+    assert expected in repr(CellReport(record))
+    assert expected in CellReport(record)._repr_html_()
+
+
+def test_cell_report_has_no_split_line_without_nvml() -> None:
+    from gpumem.core.cells import CellOptions, CellTracker
+    from gpumem.core.cells.report import CellReport
+    from gpumem.core.monitor import Monitor
+
+    fake = FakeSource(nvml=False)
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    try:
+        cell = tracker.begin("y = 1", options=CellOptions())
+        fake.allocate(2 * MIB)
+        record = tracker.end(cell, error=None)
+    finally:
+        tracker.close()
+    assert "PyTorch reserved" not in repr(CellReport(record))
+
+
+def test_free_workspaces_without_cuda_says_there_was_none() -> None:
+    from gpumem.core.cleanup import free
+
+    result = free(source=FakeSource(), workspaces=True)
+    assert result.workspaces is False
+    assert "no cuBLAS workspace to release (CUDA is not initialized)" in result.describe()
+    assert free(source=FakeSource()).note == ""
+
+
+def test_free_magic_accepts_workspaces(ip: Any) -> None:
+    from _harness import run_cell_capture
+
+    result, captured = run_cell_capture(ip, "%load_ext gpumem\n%gpumem free --workspaces")
+    text = "\n".join(o.data.get("text/plain", "") for o in captured.outputs) + captured.stdout
+    assert result.success, text
+    assert "no cuBLAS workspace to release" in text
+    run_cell_capture(ip, "%unload_ext gpumem")

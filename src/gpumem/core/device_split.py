@@ -13,7 +13,7 @@ from typing import NamedTuple
 from gpumem.core.readings import Snapshot
 from gpumem.core.units import format_bytes
 
-__all__ = ["DeviceSplit", "device_split", "device_split_text"]
+__all__ = ["DeviceSplit", "device_split", "device_split_text", "split_of"]
 
 
 class DeviceSplit(NamedTuple):
@@ -38,12 +38,16 @@ def device_split(snapshot: Snapshot, device: int) -> DeviceSplit | None:
         return None
     allocator = snapshot.allocator_for(device)
     reserved = allocator.reserved_bytes if allocator is not None else 0
-    own = reading.process_used_bytes
-    if own is None:
-        return DeviceSplit(device, reading.used_bytes, reserved, None, None, None)
-    outside = max(own - reserved, 0)  # NVML samples a moment apart from the allocator: never negative
-    other = max(reading.used_bytes - own, 0)
-    return DeviceSplit(device, reading.used_bytes, reserved, outside, other, own)
+    return split_of(device, reading.used_bytes, reserved, reading.process_used_bytes)
+
+
+def split_of(device: int, used: int, reserved: int, process: int | None) -> DeviceSplit:
+    """The split from NVML's device and per-process figures and PyTorch's reserve (read together)."""
+    if process is None:
+        return DeviceSplit(device, used, reserved, None, None, None)
+    outside = max(process - reserved, 0)  # NVML samples a moment apart from the allocator: never negative
+    other = max(used - process, 0)
+    return DeviceSplit(device, used, reserved, outside, other, process)
 
 
 def device_split_text(split: DeviceSplit) -> str:

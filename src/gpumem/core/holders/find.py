@@ -301,4 +301,3 @@ def _cycle_tensors(torch: Any, devices: DeviceFilter, found: list[Any]) -> tuple
         if isinstance(obj, walker.tensor_type):
             walker.tensor(obj, "", 0, TENSORS)
     return sum(walker.sizes[key] for key in root.reach), len(root.tensor_ids)
-

@@ -151,4 +151,3 @@ def saved_by_graphs(
                     per_root[id(root)] = per_root.get(id(root), 0) + nbytes
     walker.saved_keys = counted
     return per_root, sum(counted.values()), notes
-
