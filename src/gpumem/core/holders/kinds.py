@@ -58,7 +58,7 @@ def workspace_note(remainder: Remainder) -> str:
     each = format_bytes(remainder.workspace_each_bytes)
     how = "matched to allocator blocks" if remainder.workspaces_confirmed else f"estimate, {each} each"
     count = f"{remainder.workspace_count} x " if remainder.workspace_count > 1 else ""
-    return f"{count}kept by PyTorch for matmuls ({how}); released by {CLEAR_CALL} or %gpumem free --workspaces"
+    return f"{count}kept by PyTorch for matmuls, {how}; released by {CLEAR_CALL} or %gpumem free --workspaces"
 
 
 def _unexplained_note(remainder: Remainder) -> str:

@@ -66,7 +66,7 @@ def split_remainder(
     saved_total = sum(graph_saved.values())
     rest = allocated - sum(counted.values()) - saved_total
     if blocks is not None:
-        return _split_with_blocks(allocated, rest, {**counted, **graph_saved}, saved_total, sizes, blocks)
+        return _split_with_blocks(allocated, {**counted, **graph_saved}, saved_total, sizes, blocks)
     rounding = sum(block_size(nbytes) - nbytes for nbytes in (*counted.values(), *graph_saved.values()))
     rounding = min(rounding, max(rest, 0))
     first = next(iter(sizes.values()), None)
@@ -89,7 +89,6 @@ def split_remainder(
 
 def _split_with_blocks(
     allocated: int,
-    rest: int,
     storages: Mapping[StorageKey, int],
     saved_total: int,
     sizes: Mapping[str, WorkspaceSizes],
@@ -101,7 +100,7 @@ def _split_with_blocks(
         size = by_start.pop((device, address), None)
         if size is not None and size >= nbytes:
             rounding += size - nbytes
-    workspace_bytes = workspace_count = unmatched = 0
+    workspace_bytes = workspace_count = unmatched = unmatched_bytes = 0
     for (device, _), size in by_start.items():
         known = sizes.get(device)
         if known is not None and size in (known.cublas_bytes, known.cublaslt_bytes):
@@ -109,6 +108,7 @@ def _split_with_blocks(
             workspace_count += 1
         else:
             unmatched += 1
+            unmatched_bytes += size
     first = next(iter(sizes.values()), None)
     return Remainder(
         allocated_bytes=allocated,
@@ -118,7 +118,7 @@ def _split_with_blocks(
         workspace_each_bytes=first.cublas_bytes if first is not None else 0,
         workspaces_confirmed=True,
         rounding_bytes=rounding,
-        unexplained_bytes=rest - rounding - workspace_bytes,
+        unexplained_bytes=unmatched_bytes,  # exact: the blocks no known storage starts at
         unexplained_blocks=unmatched,
         blocks_read=True,
         workspace_source=first.source if first is not None else "",
