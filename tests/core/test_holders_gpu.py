@@ -133,6 +133,9 @@ def test_model_and_adamw_add_up_to_memory_allocated(cuda_ip: Any) -> None:
     remainder = report.unattributed_bytes - baseline
     assert saved_activations <= remainder <= saved_activations + 256 * MIB, report.unattributed
     assert "autograd graphs" in report.unattributed
+    # The graph saves each layer's input (addmm's mat1): x is named, the 7 others only the graph keeps.
+    assert report.graph_saved_bytes == 7 * 512 * 2048 * 4
+    assert rows["kept_graph"].graph_saved_bytes == 7 * 512 * 2048 * 4
     run_cell_capture(ip, "del model, opt, x, kept_graph")
 
 
@@ -182,3 +185,145 @@ def test_fragmentation_oom_advises_expandable_segments(cuda_ip: Any) -> None:
     freed, _ = run_cell_capture(ip, "del filler, small\n%gpumem free --deep")
     assert freed.success
     assert torch.cuda.memory_reserved(0) < 1 * GIB
+
+
+# -- the remainder named: cuBLAS workspaces, rounding, activations (H200: compute capability 9.0) ---------
+
+WORKSPACE = 32 * MIB  # one cuBLAS workspace on compute capability 9.0 with CUBLAS_WORKSPACE_CONFIG unset
+BLOCK_1000X1000 = 4_000_256  # 4,000,000 bytes rounded up to a multiple of 512
+
+
+def fresh_allocator() -> None:
+    """No workspace and no cached block left from earlier tests: the figures below are then exact."""
+    import torch
+
+    torch.cuda.synchronize(0)
+    gc.collect()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+
+
+def requires_hopper_defaults() -> None:
+    import os
+
+    import torch
+
+    if torch.cuda.get_device_capability(0) != (9, 0) or "CUBLAS_WORKSPACE_CONFIG" in os.environ:
+        pytest.skip("the exact figures assume compute capability 9.0 and no CUBLAS_WORKSPACE_CONFIG")
+
+
+def test_matmul_workspace_is_named_and_the_rest_is_rounding() -> None:
+    import torch
+
+    from gpumem.core.holders import find_holders
+
+    requires_hopper_defaults()
+    fresh_allocator()
+    before = find_holders({}, device="cuda:0", include_hidden=False)
+    w = torch.randn(1000, 1000, device="cuda:0")
+    v = w @ w
+    torch.cuda.synchronize(0)
+    assert torch.cuda.memory_allocated(0) - (before.allocated_bytes or 0) == 2 * BLOCK_1000X1000 + WORKSPACE
+    report = find_holders({"w": w, "v": v}, device="cuda:0", include_hidden=False)
+    remainder, earlier = report.remainder, before.remainder
+    assert remainder is not None and earlier is not None
+    assert report.total_bytes == 2 * 4_000_000
+    assert remainder.blocks_read and remainder.workspaces_confirmed
+    assert remainder.workspace_bytes - earlier.workspace_bytes == WORKSPACE
+    assert remainder.rounding_bytes - earlier.rounding_bytes == 2 * 256
+    assert remainder.unexplained_bytes == earlier.unexplained_bytes  # only what earlier tests left behind
+    text = render(report)
+    assert "cuBLAS workspaces" in text and "32.0 MiB" in text
+    assert "torch._C._cuda_clearCublasWorkspaces()" in text
+    assert "matched to allocator blocks" in text
+    del w, v
+
+
+def render(report: Any) -> str:
+    from gpumem.core.holders import render_text
+
+    return render_text(report)
+
+
+def test_after_del_and_deep_free_who_names_the_workspace_and_free_workspaces_returns_it(cuda_ip: Any) -> None:
+    import torch
+
+    from gpumem.core.cleanup import free
+    from gpumem.core.holders import find_holders
+
+    requires_hopper_defaults()
+    ip = cuda_ip
+    fresh_allocator()
+    before = find_holders(ip.user_ns, device="cuda:0", shell=ip).remainder
+    run_cell_capture(ip, "w = torch.randn(1000, 1000, device='cuda'); v = w @ w", raise_on_error=True)
+    run_cell_capture(ip, "del w, v", raise_on_error=True)
+    freed, _ = run_cell_capture(ip, "%gpumem free --deep")
+    assert freed.success
+    result, captured = run_cell_capture(ip, "%gpumem who")
+    assert result.success
+    text = text_of(captured)
+    assert "cuBLAS workspaces" in text and "32.0 MiB" in text, text
+    assert "torch._C._cuda_clearCublasWorkspaces()" in text
+    after = find_holders(ip.user_ns, device="cuda:0", shell=ip).remainder
+    assert after is not None and before is not None
+    assert after.workspace_bytes - before.workspace_bytes == WORKSPACE
+    assert after.unexplained_bytes - before.unexplained_bytes == 0
+    assert after.graph_saved_bytes == 0
+    reclaimed = free(workspaces=True, shell=ip)
+    assert reclaimed.workspaces
+    assert reclaimed.allocated_reclaimed_bytes == WORKSPACE
+    assert "the next matmul on each stream allocates its workspace again" in reclaimed.describe()
+    assert find_holders(ip.user_ns, device="cuda:0", shell=ip).remainder.workspace_bytes == 0  # type: ignore[union-attr]
+    run_cell_capture(ip, "_ = torch.ones(4, 4, device='cuda') @ torch.ones(4, 4, device='cuda')")
+    assert torch.cuda.memory_allocated(0) >= WORKSPACE  # the next matmul allocated it again
+
+
+def test_activations_kept_by_a_loss_are_named_exactly() -> None:
+    import torch
+
+    from gpumem.core.holders import find_holders
+    from gpumem.core.holders.model import ACTIVATIONS
+
+    requires_hopper_defaults()
+    fresh_allocator()
+    layers = [torch.nn.Linear(1024, 1024, bias=False), torch.nn.ReLU(), torch.nn.Linear(1024, 1024, bias=False)]
+    model = torch.nn.Sequential(*layers).to("cuda:0")
+    x = torch.randn(64, 1024, device="cuda:0")
+    before = find_holders({"model": model, "x": x}, device="cuda:0", include_hidden=False).remainder
+    loss = model(x).sum()
+    torch.cuda.synchronize(0)
+    report = find_holders({"model": model, "x": x, "loss": loss}, device="cuda:0", include_hidden=False)
+    rows = {row.name: row for row in report.holders}
+    # ReLU saves its 64x1024 float32 result (the second mm's saved input: the same storage); the mm nodes
+    # also save x and the weights, which rows count; the first mm's output and the last output are freed.
+    assert report.graph_saved_bytes == 64 * 1024 * 4
+    assert rows["loss"].nbytes == 4 and rows["loss"].graph_saved_bytes == 64 * 1024 * 4
+    assert {kind.kind: kind.nbytes for kind in report.kinds}[ACTIVATIONS] == 64 * 1024 * 4
+    remainder = report.remainder
+    assert remainder is not None and before is not None and remainder.blocks_read
+    assert remainder.graph_saved_bytes == 64 * 1024 * 4
+    assert remainder.workspace_bytes - before.workspace_bytes == WORKSPACE  # the first matmul on this stream
+    assert remainder.rounding_bytes - before.rounding_bytes == 512 - 4  # the loss scalar's block
+    assert remainder.unexplained_bytes == before.unexplained_bytes
+    assert "4 B own + 256.0 KiB saved by its autograd graphs" in render(report)
+    loss.backward()
+    assert find_holders({"model": model, "x": x, "loss": loss}, device="cuda:0").graph_saved_bytes == 0
+
+
+def test_device_used_split_reconciles_with_nvml() -> None:
+    import os
+
+    import torch
+
+    from gpumem.core.device_split import device_split
+    from gpumem.core.monitor import default_monitor
+
+    keep = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda:0")
+    snapshot = default_monitor().source.snapshot(process_memory=True)
+    split = device_split(snapshot, 0)
+    if split is None or split.process_bytes is None:
+        pytest.skip(f"NVML reports no per-process figure here (pid {os.getpid()})")
+    assert split.reserved_bytes >= 256 * MIB
+    assert split.used_bytes == split.reserved_bytes + split.outside_torch_bytes + split.other_bytes  # type: ignore[operator]
+    assert split.outside_torch_bytes is not None and 100 * MIB <= split.outside_torch_bytes <= 4 * GIB  # a CUDA context
+    del keep

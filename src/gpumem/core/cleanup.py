@@ -12,6 +12,10 @@ What ``deep=True`` releases, precisely (and nothing else):
   longer show its frames). If the exception object itself holds tensors (in its arguments), the
   references to it are dropped as well.
 
+``workspaces=True`` also releases the cuBLAS(Lt) workspaces PyTorch keeps for matmuls (32 MiB per handle
+and stream on an H200): the next matmul on each stream allocates its workspace again, so it only helps
+when memory is needed for something else now.
+
 It never deletes or rebinds a user's own name. A value that a user name also holds (``x = Out[3]``)
 stays alive through that name and the result says so. An exception object a user name holds is not
 modified. Called from another thread while a cell runs (a widget callback during training) it leaves the
@@ -32,6 +36,7 @@ from gpumem.core.holders import find_holders, hidden_references
 from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.runtime import ipython_shell
 from gpumem.core.units import format_bytes, format_delta
+from gpumem.core.workspaces import CLEAR_CALL, clear_cublas_workspaces
 
 __all__ = ["DeviceReclaim", "FreeResult", "describe_one_line", "device_reclaim_text", "free"]
 
@@ -68,6 +73,7 @@ class FreeResult(NamedTuple):
     collected_objects: int  # what gc.collect reported
     elapsed_s: float
     note: str = ""
+    workspaces: bool = False  # the cuBLAS workspaces were released (asked for, and CUDA was initialized)
 
     @property
     def allocated_reclaimed_bytes(self) -> int:
@@ -84,6 +90,8 @@ class FreeResult(NamedTuple):
         lines.extend(f"  {device_reclaim_text(d)}" for d in self.devices)
         if self.note:
             lines.append(f"  {self.note}")
+        if self.workspaces:
+            lines.append(f"  {WORKSPACES_RELEASED}")
         if self.released:
             lines.append("  released IPython references: " + ", ".join(self.released))
         elif self.deep:
@@ -97,8 +105,16 @@ class FreeResult(NamedTuple):
         printer.text(self.describe())
 
 
-def free(deep: bool = False, shell: Any = None, source: Any = None) -> FreeResult:
+WORKSPACES_RELEASED = (
+    f"released the cuBLAS workspaces ({CLEAR_CALL}): the next matmul on each stream allocates its workspace again"
+)
+
+
+def free(deep: bool = False, shell: Any = None, source: Any = None, *, workspaces: bool = False) -> FreeResult:
     """``gc.collect()`` then ``empty_cache()``; with ``deep``, first drop IPython's references to tensors.
+
+    ``workspaces`` also releases PyTorch's cuBLAS(Lt) workspaces before ``empty_cache`` (the next matmul
+    re-allocates them).
 
     Safe to call from any thread, also while a cell runs (calls are serialized by a lock). ``source`` is a
     :class:`~gpumem.core.sources.MemorySource` (the shared monitor's by default); ``shell`` defaults to the
@@ -122,6 +138,7 @@ def free(deep: bool = False, shell: Any = None, source: Any = None) -> FreeResul
         elif shell is not None:
             kept.extend(_hidden_summary(shell))
         collected = gc.collect()
+        cleared = workspaces and _clear_workspaces()
         try:
             source.empty_cache()
         except Exception as error:
@@ -143,9 +160,20 @@ def free(deep: bool = False, shell: Any = None, source: Any = None) -> FreeResul
             note = "no CUDA device is initialized in this process: nothing to return to the driver"
         if deep and shell is None:
             note = (note + "; " if note else "") + "no IPython shell: there were no IPython references to drop"
-    result = FreeResult(devices, deep, tuple(released), tuple(kept), collected, time.perf_counter() - started, note)
+        if workspaces and not cleared:
+            note = (note + "; " if note else "") + "no cuBLAS workspace to release (CUDA is not initialized)"
+    elapsed = time.perf_counter() - started
+    result = FreeResult(devices, deep, tuple(released), tuple(kept), collected, elapsed, note, workspaces=cleared)
     _mark_timeline(source, result)
     return result
+
+
+def _clear_workspaces() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and clear_cublas_workspaces(torch)
+    except Exception:
+        return False
 
 
 def _cell_running(shell: Any) -> bool:
@@ -384,6 +412,8 @@ def describe_one_line(result: FreeResult, *, host_rss_freed_bytes: int | None = 
         shown = 3
         held = "; ".join(result.kept[:shown]) + ("; \u2026" if len(result.kept) > shown else "")
         parts.append(f"IPython still holds {held}" + ("" if result.deep else deep_hint))
+    if result.workspaces:
+        parts.append("released the cuBLAS workspaces (the next matmul allocates them again)")
     if result.note:
         parts.append(result.note)
     return "; ".join(parts)

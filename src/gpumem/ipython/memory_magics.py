@@ -63,21 +63,28 @@ def _who_options(line: str) -> Any:
 
 
 def magic_free(shell: Any, line: str) -> None:
-    """%gpumem free [--deep]
+    """%gpumem free [--deep] [--workspaces]
 
     Run gc.collect() and return PyTorch's cached, unused blocks to the driver (empty_cache), and print
     what each device got back (allocated and reserved). --deep first drops the references IPython keeps
     to tensors: output-cache entries (Out[N], _N, _, __, ___) whose value holds tensors, and the last
     exception's frames (sys.last_traceback, the traceback handler's copy). Your own names are never touched.
+    --workspaces also releases the cuBLAS workspaces PyTorch keeps for matmuls (the next matmul
+    allocates its workspace again).
     """
     try:
         options = parse_argstring(_free_arguments, line)
     except UsageError as error:
         raise UsageError(f"%gpumem free: {error}") from None
-    display(text=free(deep=options.deep, shell=shell).describe())
+    display(text=free(deep=options.deep, shell=shell, workspaces=options.workspaces).describe())
 
 
 @magic_arguments("free")
 @argument("--deep", action="store_true", help="also drop IPython's references to tensors")
+@argument(
+    "--workspaces",
+    action="store_true",
+    help="also release PyTorch's cuBLAS workspaces (the next matmul allocates them again)",
+)
 def _free_arguments(line: str) -> None:
     """%gpumem free"""

@@ -76,6 +76,7 @@ def _device_change(
         used_after_bytes=used_after.used_bytes if used_after is not None else None,
         total_bytes=used_after.total_bytes if used_after is not None else None,
         initialized_in_cell=before is None,
+        process_used_after_bytes=used_after.process_used_bytes if used_after is not None else None,
     )
 
 

@@ -52,6 +52,7 @@ class DeviceChange(NamedTuple):
     used_after_bytes: int | None
     total_bytes: int | None
     initialized_in_cell: bool  # CUDA was first used on this device inside the cell
+    process_used_after_bytes: int | None = None  # NVML: this process's share of the device at the end
 
     @property
     def allocated_delta_bytes(self) -> int:

@@ -21,6 +21,7 @@ from gpumem.core.cells.history import (
     write_json,
 )
 from gpumem.core.cells.record import CellRecord, DeviceChange, HostChange, VariableChange
+from gpumem.core.device_split import device_split_text, split_of
 from gpumem.core.units import format_bytes, format_delta
 
 __all__ = [
@@ -103,7 +104,18 @@ def _device_lines(change: DeviceChange) -> list[str]:
         f"  {'':<8} reserved     {_span(change.reserved_before_bytes, change.reserved_after_bytes)}",
         f"  {'':<8} peak         {_peak_text(change)}",
         f"  {'':<8} device used  {_used_text(change)}",
+        *_split_lines(change),
     ]
+
+
+def _split_lines(change: DeviceChange) -> list[str]:
+    """How NVML's "device used" divides at the end of the cell (only when NVML's per-process figure is known)."""
+    if change.used_after_bytes is None or change.process_used_after_bytes is None:
+        return []
+    split = split_of(
+        change.device, change.used_after_bytes, change.reserved_after_bytes, change.process_used_after_bytes
+    )
+    return [f"  {'':<8}              {device_split_text(split)}"]
 
 
 def _host_lines(host: HostChange | None) -> list[str]:
@@ -191,6 +203,9 @@ def _device_row_html(change: DeviceChange) -> str:
         f"<td>{_html_span(change.allocated_before_bytes, change.allocated_after_bytes)}</td>"
         f"<td>{_html_span(change.reserved_before_bytes, change.reserved_after_bytes)}</td>"
         f"{peak_cell}<td>{used}</td></tr>"
+        + "".join(
+            f'<tr><td></td><td colspan="4" class="dim">{e(line.strip())}</td></tr>' for line in _split_lines(change)
+        )
     )
 
 

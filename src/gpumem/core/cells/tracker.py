@@ -235,7 +235,7 @@ class CellTracker:
         (a ``%%gpumem`` found inside an automatically measured cell), except for ``keep_peaks``.
         ``hidden`` names references the host keeps for the user (``{"Out[7]": value}``)."""
         duration_s = time.perf_counter() - cell.started_perf_s
-        end = self.monitor.snapshot()
+        end = self.monitor.snapshot(process_memory=True)  # the report splits "device used" by who uses it
         with self._lock:
             cell.finished = True
             if cell in self._active:

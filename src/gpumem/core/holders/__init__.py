@@ -15,7 +15,9 @@ torch is never imported here: with no torch in ``sys.modules`` there can be no t
 Modules: :mod:`~.model` (rows, categories, limits), :mod:`~.objects` (reading objects without running
 their code), :mod:`~.tensors` (storages), :mod:`~.walk` (the walk), :mod:`~.hidden` (IPython's
 references), :mod:`~.attribution` (one owner per storage), :mod:`~.find` (entry points),
-:mod:`~.render` (the report and its tables), :mod:`~.snapshot` (copying what other threads change).
+:mod:`~.render` (the report and its tables), :mod:`~.snapshot` (copying what other threads change),
+:mod:`~.graphs` (what autograd graphs saved), :mod:`~.remainder` (what no row counts: workspaces,
+rounding, the rest), :mod:`~.kinds` (the by-kind summary).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from gpumem.core.holders.model import (
     CycleReport,
     HiddenReference,
     Holder,
+    KindTotal,
 )
+from gpumem.core.holders.remainder import Remainder
 from gpumem.core.holders.render import HolderReport, escape_html, render_html, render_text
 
 __all__ = [
@@ -55,6 +59,8 @@ __all__ = [
     "HiddenReference",
     "Holder",
     "HolderReport",
+    "KindTotal",
+    "Remainder",
     "escape_html",
     "find_cycles",
     "find_holders",

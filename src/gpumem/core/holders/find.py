@@ -6,11 +6,14 @@ import gc
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from gpumem.core.device_split import DeviceSplit, device_split
 from gpumem.core.devices import parse_device
 from gpumem.core.holders.attribution import attribute
+from gpumem.core.holders.graphs import GraphWalker, saved_by_graphs
 from gpumem.core.holders.hidden import hidden_references, ipython_names
+from gpumem.core.holders.kinds import kind_totals
 from gpumem.core.holders.model import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ITEMS,
@@ -18,24 +21,23 @@ from gpumem.core.holders.model import (
     HIDDEN_RANK,
     TENSORS,
     CycleReport,
+    Holder,
 )
 from gpumem.core.holders.objects import ATOMIC_TYPES, type_name
+from gpumem.core.holders.remainder import Remainder, allocator_blocks, split_remainder
 from gpumem.core.holders.render import HolderReport
 from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.holders.tensors import DeviceFilter
 from gpumem.core.holders.walk import OutOfTimeError, Root, Walker, walk_root
 from gpumem.core.runtime import cuda_source, ipython_shell
 from gpumem.core.units import format_bytes
+from gpumem.core.workspaces import WorkspaceSizes, workspace_sizes
 
 __all__ = ["find_cycles", "find_holders"]
 
 _CYCLE_TYPES_KEPT = 8
 
-_REMAINDER_CAUSES = (
-    "tensors kept by autograd graphs (saved activations), the allocator's rounding of every block "
-    "(to 512 bytes and more), and tensors reachable from no name (closures, C++ objects, other threads, "
-    "or beyond the walk's limits)"
-)
+_REMAINDER_CAUSES = "tensors reachable from no name (closures, C++ objects, other threads, or beyond the walk's limits)"
 
 
 def find_holders(
@@ -80,44 +82,81 @@ def find_holders(
         )
     if shell is None:
         shell = _running_shell(namespace)
-    walker = Walker(torch, devices, max_depth, max_items, started + time_budget_s)
+    walker = GraphWalker(torch, devices, max_depth, max_items, started + time_budget_s)
     skip = ipython_names(shell) if shell is not None and namespace is getattr(shell, "user_ns", None) else set()
     roots = _walk_namespace(walker, namespace, skip, names, shell if include_hidden else None, time_budget_s)
-    allocated = _allocated_bytes(source, devices)
-    return _report(walker, roots, devices, allocated=allocated, cycles=cycle_report, started=started)
+    saved_per_root, _, graph_notes = saved_by_graphs(torch, walker, roots)
+    walker.truncation.extend(graph_notes)
+    memory = _memory_readings(source, devices)
+    rows = attribute(roots, walker.sizes, walker.incomplete)
+    saved_by_row = {(root.hidden, root.name): saved_per_root.get(id(root), 0) for root in roots}
+    rows = [(hidden, row._replace(graph_saved_bytes=saved_by_row.get((hidden, row.name), 0))) for hidden, row in rows]
+    return _report(walker, rows, devices, memory, cycles=cycle_report, started=started)
+
+
+class _Memory(NamedTuple):
+    """What the allocator and NVML say, read once per report."""
+
+    allocated: int | None
+    splits: tuple[DeviceSplit, ...] = ()
+    numbers: tuple[int, ...] = ()  # the CUDA devices read
+    real: bool = False  # read from this process's own torch, so its blocks and workspaces can be read too
 
 
 def _report(
-    walker: Walker,
-    roots: list[Root],
+    walker: GraphWalker,
+    rows: list[tuple[bool, Holder]],
     devices: DeviceFilter,
+    memory: _Memory,
     *,
-    allocated: int | None,
     cycles: CycleReport | None,
     started: float,
 ) -> HolderReport:
-    """Rows from what the walk reached, and the remainder against ``memory_allocated``."""
-    rows = attribute(roots, walker.sizes, walker.incomplete)
+    """Rows from what the walk reached, the remainder against ``memory_allocated``, and the kinds."""
     user_rows = [row for hidden, row in rows if not hidden]
     hidden_rows = [row for hidden, row in rows if hidden]
     total = sum(row.nbytes for row in user_rows)
     hidden_total = sum(row.nbytes for row in hidden_rows)
-    unattributed_bytes = None if allocated is None else allocated - total - hidden_total
+    graph_saved = sum(walker.saved_keys.values())
+    remainder = _remainder(walker, memory)
+    unattributed_bytes = None if memory.allocated is None else memory.allocated - total - hidden_total
     return HolderReport(
         holders=user_rows,
         total_bytes=total,
         hidden=hidden_rows,
-        unattributed=_unattributed_text(devices.kind, allocated, unattributed_bytes),
+        unattributed=_unattributed_text(devices.kind, memory.allocated, unattributed_bytes, remainder),
         truncated=bool(walker.truncation),
         elapsed_s=time.perf_counter() - started,
         hidden_bytes=hidden_total,
         device=_device_label(devices),
-        allocated_bytes=allocated,
+        allocated_bytes=memory.allocated,
         unattributed_bytes=unattributed_bytes,
         truncation=tuple(walker.truncation),
         torch_loaded=True,
         cycles=cycles,
+        kinds=kind_totals(user_rows, hidden_total, graph_saved, remainder),
+        remainder=remainder,
+        device_splits=memory.splits,
+        graph_saved_bytes=graph_saved,
     )
+
+
+def _remainder(walker: GraphWalker, memory: _Memory) -> Remainder | None:
+    """The remainder split; blocks and workspace sizes are read only from this process's own torch."""
+    if memory.allocated is None:
+        return None
+    counted = {key: nbytes for key, nbytes in walker.sizes.items() if key[0].startswith("cuda")}
+    saved = {key: nbytes for key, nbytes in walker.saved_keys.items() if key[0].startswith("cuda")}
+    sizes: dict[str, WorkspaceSizes] = {}
+    blocks = None
+    if memory.real:
+        for number in memory.numbers:
+            found = workspace_sizes(number)
+            if found is not None:
+                sizes[f"cuda:{number}"] = found
+        if memory.allocated > sum(counted.values()) + sum(saved.values()):
+            blocks = allocator_blocks(memory.numbers)
+    return split_remainder(memory.allocated, counted, saved, sizes=sizes, blocks=blocks)
 
 
 def _walk_namespace(
@@ -167,34 +206,52 @@ def _running_shell(namespace: Mapping[str, Any]) -> Any:
     return None
 
 
-def _allocated_bytes(source: Any, devices: DeviceFilter) -> int | None:
-    """PyTorch's ``memory_allocated`` summed over the filtered CUDA devices; None when it can't be read."""
+def _memory_readings(source: Any, devices: DeviceFilter) -> _Memory:
+    """PyTorch's ``memory_allocated`` summed over the filtered CUDA devices, and each device's NVML split."""
     if devices.kind not in (None, "cuda"):
-        return None
+        return _Memory(None)
+    real = source is None
     source = cuda_source(source)
     if source is None:
-        return None
+        return _Memory(None)
     try:
-        snapshot = source.snapshot()
+        snapshot = source.snapshot(process_memory=True)
     except Exception:
-        return None
+        return _Memory(None)
     readings = [r for r in snapshot.allocator if devices.number is None or r.device == devices.number]
     if not readings:
-        return None
-    return int(sum(r.allocated_bytes for r in readings))
+        return _Memory(None)
+    splits = tuple(split for r in readings if (split := device_split(snapshot, r.device)) is not None)
+    numbers = tuple(r.device for r in readings)
+    return _Memory(int(sum(r.allocated_bytes for r in readings)), splits, numbers, real=real)
 
 
-def _unattributed_text(device_kind: str | None, allocated: int | None, remainder: int | None) -> str:
+def _unattributed_text(
+    device_kind: str | None, allocated: int | None, remainder: int | None, split: Remainder | None
+) -> str:
     if allocated is None or remainder is None:
         if device_kind not in (None, "cuda"):
             return "memory_allocated: n/a (PyTorch counts only CUDA allocations)"
         return "memory_allocated: unavailable (CUDA is not initialized in this process)"
-    if remainder >= 0:
-        return f"{format_bytes(remainder)} of {format_bytes(allocated)} allocated not attributed: {_REMAINDER_CAUSES}"
-    return (
-        f"named tensors add up to {format_bytes(-remainder)} more than memory_allocated "
-        f"({format_bytes(allocated)}): memory changed during the walk"
-    )
+    if remainder < 0:
+        return (
+            f"named tensors add up to {format_bytes(-remainder)} more than memory_allocated "
+            f"({format_bytes(allocated)}): memory changed during the walk"
+        )
+    text = f"{format_bytes(remainder)} of {format_bytes(allocated)} allocated held by no name"
+    if split is None:
+        return f"{text}: {_REMAINDER_CAUSES}"
+    parts = [
+        f"{label} {format_bytes(nbytes)}"
+        for label, nbytes in (
+            ("saved by autograd graphs", split.graph_saved_bytes),
+            ("cuBLAS workspaces" + ("" if split.workspaces_confirmed else " (estimate)"), split.workspace_bytes),
+            ("allocator rounding", split.rounding_bytes),
+        )
+        if nbytes
+    ]
+    parts.append(f"unexplained {format_bytes(split.unexplained_bytes)}")
+    return f"{text}: " + ", ".join(parts)
 
 
 def find_cycles(device: str | int | None = "cuda") -> CycleReport:
@@ -244,4 +301,3 @@ def _cycle_tensors(torch: Any, devices: DeviceFilter, found: list[Any]) -> tuple
         if isinstance(obj, walker.tensor_type):
             walker.tensor(obj, "", 0, TENSORS)
     return sum(walker.sizes[key] for key in root.reach), len(root.tensor_ids)
-

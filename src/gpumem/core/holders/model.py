@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 __all__ = [
+    "ACTIVATIONS",
     "BUFFERS",
     "CATEGORY_ORDER",
     "DEFAULT_MAX_DEPTH",
@@ -13,14 +14,20 @@ __all__ = [
     "FREE_COMMAND",
     "GRADIENTS",
     "HIDDEN_RANK",
+    "IPYTHON_HELD",
     "MAX_GRAPH_PATHS",
     "OPTIMIZER_STATE",
     "OTHER",
+    "OTHER_TENSORS",
     "PARAMETERS",
+    "ROUNDING",
     "TENSORS",
+    "UNATTRIBUTED",
+    "WORKSPACES",
     "CycleReport",
     "HiddenReference",
     "Holder",
+    "KindTotal",
 ]
 
 DEFAULT_MAX_DEPTH = 5
@@ -37,6 +44,14 @@ BUFFERS = "buffers"
 TENSORS = "tensors"
 OTHER = "other"
 CATEGORY_ORDER = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, BUFFERS, TENSORS, OTHER)
+
+# Kinds of the by-kind summary (the categories above, then what no row counts).
+ACTIVATIONS = "activations (saved by autograd graphs)"
+OTHER_TENSORS = "other tensors"
+IPYTHON_HELD = "held by IPython"
+WORKSPACES = "cuBLAS workspaces"
+ROUNDING = "allocator rounding"
+UNATTRIBUTED = "unattributed"
 
 # Hidden (IPython-held) references always rank after every user name.
 HIDDEN_RANK = 1_000
@@ -64,6 +79,15 @@ class Holder(NamedTuple):
     shared_with: tuple[str, ...] = ()
     note: str = ""
     complete: bool = True
+    graph_saved_bytes: int = 0  # storages only this row's autograd graphs keep (not in nbytes)
+
+
+class KindTotal(NamedTuple):
+    """One line of the by-kind summary: a kind, its bytes, and what it means or how to release it."""
+
+    kind: str
+    nbytes: int
+    note: str = ""
 
 
 class CycleReport(NamedTuple):

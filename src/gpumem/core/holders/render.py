@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from gpumem.core.holders.model import CATEGORY_ORDER, FREE_COMMAND, TENSORS, CycleReport, Holder
+from gpumem.core.device_split import DeviceSplit, device_split_text
+from gpumem.core.holders.model import CATEGORY_ORDER, FREE_COMMAND, TENSORS, CycleReport, Holder, KindTotal
+from gpumem.core.holders.remainder import Remainder
 from gpumem.core.units import format_bytes
 
 __all__ = ["HolderReport", "escape_html", "render_html", "render_text"]
@@ -25,7 +27,9 @@ class HolderReport(NamedTuple):
     """The result of :func:`~gpumem.core.holders.find_holders`.
 
     ``total_bytes`` counts the rows in ``holders`` (user names); ``hidden_bytes`` the rows in ``hidden``
-    (IPython's references). ``unattributed`` explains whatever ``memory_allocated`` holds beyond both.
+    (IPython's references). ``unattributed`` explains whatever ``memory_allocated`` holds beyond both;
+    ``remainder`` splits it (graph-saved tensors, workspaces, rounding, unexplained) and ``kinds`` sums
+    everything by kind. ``device_splits`` say how NVML's "device used" divides (one per CUDA device read).
     """
 
     holders: list[Holder]
@@ -41,6 +45,10 @@ class HolderReport(NamedTuple):
     truncation: tuple[str, ...] = ()
     torch_loaded: bool = True
     cycles: CycleReport | None = None
+    kinds: tuple[KindTotal, ...] = ()
+    remainder: Remainder | None = None
+    device_splits: tuple[DeviceSplit, ...] = ()
+    graph_saved_bytes: int = 0  # storages only autograd graphs keep, on the walked devices
 
     def __repr__(self) -> str:
         """The table ``%gpumem who`` prints, so that ``gpumem.holders()`` reads well on its own."""
@@ -77,6 +85,10 @@ def _row_notes(row: Holder) -> list[str]:
         notes.append(f"{format_bytes(row.shared_bytes)} shared with {partners} (counted once)")
     elif row.shared_with:
         notes.append(f"shares storage with {partners}")
+    if row.graph_saved_bytes:
+        notes.append(
+            f"{format_bytes(row.nbytes)} own + {format_bytes(row.graph_saved_bytes)} saved by its autograd graphs"
+        )
     if row.graph_paths:
         notes.append("keeps an autograd graph alive: " + ", ".join(row.graph_paths[:_NOTES_NAMED]))
     if row.note:
@@ -108,6 +120,17 @@ def _cycles_text(cycles: CycleReport) -> str:
 
 def _rest_bytes(report: HolderReport, limit: int) -> int:
     return sum(row.nbytes for row in report.holders[limit:])
+
+
+def _kind_lines(report: HolderReport) -> list[tuple[str, str, str]]:
+    """(kind, bytes, note) of the by-kind summary."""
+    return [(total.kind, format_bytes(total.nbytes), total.note) for total in report.kinds]
+
+
+def _device_lines(report: HolderReport) -> list[str]:
+    if len(report.device_splits) == 1:
+        return [device_split_text(report.device_splits[0])]
+    return [f"cuda:{split.device}: {device_split_text(split)}" for split in report.device_splits]
 
 
 def _allocated_line(report: HolderReport) -> str:
@@ -153,6 +176,14 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
         return "gpumem who: " + report.unattributed
     columns = _Columns.fitting([*report.holders[:limit], *report.hidden])
     lines = [f"Tensor memory held by names ({report.device}), walked in {report.elapsed_s * 1000:.0f} ms"]
+    if report.kinds:
+        width = max(len(kind) for kind, _, _ in _kind_lines(report))
+        lines.append("By kind:")
+        lines.extend(
+            f"  {kind:<{width}}  {nbytes:>{_BYTES_WIDTH}}" + (f"  ({note})" if note else "")
+            for kind, nbytes, note in _kind_lines(report)
+        )
+        lines.append("By name:")
     if not report.holders:
         hint = " (`%gpumem who --device cpu` lists CPU tensors)" if report.device.startswith("cuda") else ""
         lines.append(f"  {_nothing_found(report)}{hint}")
@@ -167,6 +198,7 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
         for row in report.hidden:
             lines.extend(columns.row_lines(row))
     lines.append(_allocated_line(report))
+    lines.extend(_device_lines(report))
     if report.cycles is not None:
         lines.append(_cycles_text(report.cycles))
     if report.truncated:
@@ -220,6 +252,19 @@ def _table_html(report: HolderReport, limit: int) -> list[str]:
     return parts
 
 
+def _kinds_html(report: HolderReport) -> list[str]:
+    if not report.kinds:
+        return []
+    head = f"<thead><tr><th {_LEFT}>kind</th><th {_RIGHT}>bytes</th><th {_LEFT}>notes</th></tr></thead>"
+    parts = [f"<table class='gpumem-kinds'>{head}<tbody>"]
+    parts.extend(
+        f"<tr><td {_LEFT}>{escape_html(kind)}</td><td {_RIGHT}>{nbytes}</td><td {_LEFT}>{escape_html(note)}</td></tr>"
+        for kind, nbytes, note in _kind_lines(report)
+    )
+    parts.append("</tbody></table>")
+    return parts
+
+
 def render_html(report: HolderReport, *, limit: int = 20) -> str:
     """An HTML table for notebooks."""
     if not report.torch_loaded:
@@ -227,8 +272,10 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
     parts = [
         "<div class='gpumem-who'>",
         f"<b>Tensor memory held by names ({escape_html(report.device)})</b>",
+        *_kinds_html(report),
         *_table_html(report, limit),
         f"<div>{escape_html(_allocated_line(report))}</div>",
+        *(f"<div>{escape_html(line)}</div>" for line in _device_lines(report)),
     ]
     if report.cycles is not None:
         parts.append(f"<div>{escape_html(_cycles_text(report.cycles))}</div>")

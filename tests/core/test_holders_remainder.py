@@ -1,0 +1,311 @@
+"""The remainder named: autograd-saved tensors (real CPU graphs), workspace sizes, the split, by-kind, device split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpumem.core.device_split import DeviceSplit, device_split, device_split_text  # noqa: E402
+from gpumem.core.holders import HolderReport, find_holders, render_html, render_text  # noqa: E402
+from gpumem.core.holders.kinds import kind_totals  # noqa: E402
+from gpumem.core.holders.model import (  # noqa: E402
+    ACTIVATIONS,
+    IPYTHON_HELD,
+    PARAMETERS,
+    ROUNDING,
+    UNATTRIBUTED,
+    WORKSPACES,
+    Holder,
+)
+from gpumem.core.holders.remainder import block_size, split_remainder  # noqa: E402
+from gpumem.core.workspaces import (  # noqa: E402
+    WorkspaceSizes,
+    clear_cublas_workspaces,
+    cublas_workspace_bytes,
+    cublaslt_workspace_bytes,
+    workspace_sizes,
+)
+from gpumem.testing import FakeSource  # noqa: E402
+
+KIB = 1 << 10
+MIB = 1 << 20
+H200 = {"cuda:0": WorkspaceSizes(32 * MIB, 1 * MIB, "default for sm 9.0")}
+
+
+def cpu(namespace: dict[str, Any]) -> HolderReport:
+    return find_holders(namespace, device="cpu", include_hidden=False)
+
+
+def row(report: HolderReport, name: str) -> Holder:
+    return next(r for r in report.holders if r.name == name)
+
+
+# -- tensors saved by autograd graphs (real torch graphs on CPU) --------------------------------------
+
+
+def test_mul_by_a_python_number_saves_only_the_wrapped_number() -> None:
+    x = torch.randn(1000, requires_grad=True)
+    y = (x * 2).sum()  # MulBackward0 saves `other` (2, a 0-d float64 tensor); x*2 itself is not saved
+    report = cpu({"x": x, "y": y})
+    assert report.graph_saved_bytes == 8
+    assert row(report, "y").graph_saved_bytes == 8
+
+
+def test_exp_saves_its_result_and_a_deleted_leaf_is_kept_by_accumulate_grad() -> None:
+    x = torch.randn(1000, requires_grad=True)
+    z = (x * 2).exp().sum()
+    assert cpu({"x": x, "z": z}).graph_saved_bytes == 4000 + 8  # exp's result, the wrapped 2
+    assert cpu({"z": z}).graph_saved_bytes == 4000 + 8 + 4000  # x too: AccumulateGrad holds the leaf
+
+
+def test_model_activations_kept_by_a_loss_then_freed_by_backward() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(100, 50), torch.nn.ReLU(), torch.nn.Linear(50, 10))
+    inputs = torch.randn(32, 100)
+    loss = model(inputs).sum()
+    report = cpu({"model": model, "inputs": inputs, "loss": loss})
+    # ReLU saves its 32x50 float32 result (the second Linear's input: the same storage, counted once);
+    # the addmm nodes save `inputs` and the weights, which rows already count.
+    assert report.graph_saved_bytes == 32 * 50 * 4
+    assert row(report, "loss").graph_saved_bytes == 32 * 50 * 4
+    assert row(report, "loss").nbytes == 4
+    kinds = {total.kind: total.nbytes for total in report.kinds}
+    assert kinds[ACTIVATIONS] == 6400
+    assert kinds[PARAMETERS] == (100 * 50 + 50 + 50 * 10 + 10) * 4
+    text = render_text(report)
+    assert "4 B own + 6.2 KiB saved by its autograd graphs" in text
+    assert "By kind:" in text and "activations (saved by autograd graphs)" in text
+    loss.backward()
+    assert cpu({"model": model, "inputs": inputs, "loss": loss}).graph_saved_bytes == 0
+
+
+def test_saved_tensor_hooks_are_not_run_and_custom_functions_are_read() -> None:
+    calls: list[str] = []
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, a: Any) -> Any:
+            ctx.save_for_backward(a * 2)
+            ctx.mask = torch.ones(10)  # a tensor kept as a plain context attribute
+            return a * 3
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad
+
+    x = torch.randn(100, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: calls.append("unpack") or t):
+        y = Double.apply(x).exp().sum()
+    report = cpu({"x": x, "y": y})
+    assert calls == []
+    assert report.graph_saved_bytes == 400 + 40 + 400  # a*2, the mask, exp's result
+
+
+def test_a_storage_saved_by_two_graphs_is_counted_once() -> None:
+    x = torch.randn(1000, requires_grad=True)
+    shared = x.exp()
+    first, second = shared.exp().sum(), (shared * shared).sum()
+    report = cpu({"x": x, "first": first, "second": second})
+    # shared (4000) is saved by exp and mul; first's exp result (4000); the other ops save nothing new.
+    assert report.graph_saved_bytes == 4000 + 4000
+    assert row(report, "first").graph_saved_bytes + row(report, "second").graph_saved_bytes == 8000
+
+
+def test_the_graph_walk_is_bounded_by_nodes() -> None:
+    from gpumem.core.holders.graphs import GraphWalker, saved_by_graphs
+    from gpumem.core.holders.tensors import DeviceFilter
+    from gpumem.core.holders.walk import Root, walk_root
+
+    x = torch.randn(10, requires_grad=True)
+    y = x
+    for _ in range(50):
+        y = y.exp()
+    walker = GraphWalker(torch, DeviceFilter("cpu", None), 5, 10_000, float("inf"))
+    root = Root("y", "Tensor", 0, hidden=False)
+    walk_root(walker, root, (y,), 0)
+    per_root, total, notes = saved_by_graphs(torch, walker, [root], max_nodes=10)
+    assert total == 10 * 40 - 40  # nine exp results besides y's own storage (counted under the row)
+    assert per_root[id(root)] == total
+    assert notes and "lower bound" in notes[0]
+
+
+# -- workspace sizes as torch chooses them ------------------------------------------------------------
+
+
+def test_cublas_workspace_sizes_from_environment_and_capability() -> None:
+    assert cublas_workspace_bytes({}, (9, 0)) == 32 * MIB
+    assert cublas_workspace_bytes({}, (8, 0)) == 8 * MIB + 128 * KIB
+    assert cublas_workspace_bytes({}, None) == 8 * MIB + 128 * KIB
+    assert cublas_workspace_bytes({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, (8, 0)) == 32 * MIB
+    assert cublas_workspace_bytes({"CUBLAS_WORKSPACE_CONFIG": ":16:8"}, (9, 0)) == 128 * KIB
+    assert cublas_workspace_bytes({"CUBLAS_WORKSPACE_CONFIG": ":4096:2:16:8"}, (9, 0)) == 8 * MIB + 128 * KIB
+    assert cublas_workspace_bytes({"CUBLAS_WORKSPACE_CONFIG": "nonsense"}, (9, 0)) == 32 * MIB
+
+
+def test_cublaslt_workspace_size_is_capped_unless_not_unified() -> None:
+    assert cublaslt_workspace_bytes({}, 32 * MIB) == 1 * MIB
+    assert cublaslt_workspace_bytes({"CUBLASLT_WORKSPACE_SIZE": "65536"}, 32 * MIB) == 32 * MIB
+    assert (
+        cublaslt_workspace_bytes(
+            {"CUBLASLT_WORKSPACE_SIZE": "65536", "TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"}, 32 * MIB
+        )
+        == 64 * MIB
+    )
+    assert cublaslt_workspace_bytes({"CUBLASLT_WORKSPACE_SIZE": "bad"}, 32 * MIB) == 1 * MIB
+
+
+def test_without_cuda_no_size_is_guessed_and_nothing_is_cleared() -> None:
+    assert workspace_sizes(0) is None
+    assert clear_cublas_workspaces(torch) is False
+
+
+# -- the split arithmetic -----------------------------------------------------------------------------
+
+
+def test_block_size_rounds_to_512() -> None:
+    assert [block_size(n) for n in (1, 511, 512, 513, 4_000_000)] == [512, 512, 512, 1024, 4_000_256]
+
+
+def test_split_with_blocks_names_the_workspace_and_the_rounding_exactly() -> None:
+    # w and v (1000x1000 float32, 4,000,000 B each, blocks of 4,000,256 B) and one cuBLAS workspace.
+    counted = {("cuda:0", 0x1000, 4_000_000): 4_000_000, ("cuda:0", 0x9000000, 4_000_000): 4_000_000}
+    blocks = [("cuda:0", 0x1000, 4_000_256), ("cuda:0", 0x9000000, 4_000_256), ("cuda:0", 0x20000000, 32 * MIB)]
+    allocated = 2 * 4_000_256 + 32 * MIB
+    split = split_remainder(allocated, counted, {}, sizes=H200, blocks=blocks)
+    assert (split.workspace_bytes, split.workspace_count, split.workspaces_confirmed) == (32 * MIB, 1, True)
+    assert split.rounding_bytes == 512
+    assert split.unexplained_bytes == 0 and split.unexplained_blocks == 0
+
+
+def test_split_with_blocks_leaves_an_unknown_block_unexplained() -> None:
+    saved = {("cuda:0", 0x5000, 1000): 1000}
+    blocks = [("cuda:0", 0x5000, 1024), ("cuda:0", 0x8000, 3 * MIB), ("cuda:1", 0x0, 32 * MIB)]
+    split = split_remainder(1024 + 3 * MIB + 32 * MIB, {}, saved, sizes=H200, blocks=blocks)
+    assert split.graph_saved_bytes == 1000 and split.rounding_bytes == 24
+    assert split.workspace_bytes == 0  # cuda:1's size is not known: its 32 MiB block is not called a workspace
+    assert split.unexplained_bytes == 3 * MIB + 32 * MIB and split.unexplained_blocks == 2
+
+
+def test_split_without_blocks_estimates_whole_workspaces() -> None:
+    counted = {("cuda:0", 1, 4_000_000): 4_000_000}
+    split = split_remainder(4_000_256 + 32 * MIB + 5000, counted, {}, sizes=H200, blocks=None)
+    assert split.rounding_bytes == 256 and not split.workspaces_confirmed
+    assert (split.workspace_bytes, split.workspace_count) == (32 * MIB, 1)
+    assert split.unexplained_bytes == 5000
+    none_known = split_remainder(32 * MIB, {}, {}, sizes={}, blocks=None)
+    assert none_known.workspace_bytes == 0 and none_known.unexplained_bytes == 32 * MIB
+
+
+def test_kinds_add_up_to_allocated_and_say_how_to_release_workspaces() -> None:
+    rows = [Holder("m", "Linear", "cuda:0", 3000, 0, 2, (), {PARAMETERS: 3000})]
+    split = split_remainder(
+        3072 + 1024 + 512 + 32 * MIB, {("cuda:0", 1, 3000): 3000}, {("cuda:0", 9, 1000): 1000}, sizes=H200, blocks=None
+    )
+    kinds = kind_totals(rows, 512, 1000, split)
+    by_kind = {total.kind: total for total in kinds}
+    assert (
+        sum(total.nbytes for total in kinds) == split.allocated_bytes + 512
+    )  # hidden 512 is outside the counted dict here
+    assert by_kind[WORKSPACES].nbytes == 32 * MIB
+    assert "torch._C._cuda_clearCublasWorkspaces()" in by_kind[WORKSPACES].note
+    assert "estimate" in by_kind[WORKSPACES].note
+    assert by_kind[IPYTHON_HELD].nbytes == 512 and by_kind[ROUNDING].nbytes == 72 + 24
+    assert UNATTRIBUTED not in by_kind or by_kind[UNATTRIBUTED].nbytes == split.unexplained_bytes
+
+
+# -- through find_holders with a fake source ----------------------------------------------------------
+
+
+def test_fake_source_remainder_is_unexplained_and_the_device_split_is_in_the_footer() -> None:
+    source = FakeSource(context_bytes=500 * MIB, other_processes_bytes=64 * MIB)
+    source.allocate(10 * MIB)
+    report = find_holders({"x": torch.zeros(10)}, device="cuda", include_hidden=False, source=source)
+    assert report.remainder is not None and report.remainder.unexplained_bytes == 10 * MIB
+    assert "unexplained 10.0 MiB" in report.unattributed
+    assert report.device_splits == (
+        DeviceSplit(0, 10 * MIB + 500 * MIB + 64 * MIB, 10 * MIB, 500 * MIB, 64 * MIB, 510 * MIB),
+    )
+    text = render_text(report)
+    assert (
+        "device used 574.0 MiB = PyTorch reserved 10.0 MiB + this process outside PyTorch 500.0 MiB "
+        "(CUDA context, libraries) + other processes 64.0 MiB"
+    ) in text
+    assert "unattributed" in text and "10.0 MiB" in text
+    html = render_html(report)
+    assert "gpumem-kinds" in html and "other processes 64.0 MiB" in html
+
+
+def test_device_split_without_the_per_process_figure() -> None:
+    source = FakeSource(context_bytes=300 * MIB)
+    source.allocate(3 * MIB)
+    snapshot = source.snapshot(process_memory=False)
+    split = device_split(snapshot, 0)
+    assert split is not None and split.outside_torch_bytes is None
+    assert device_split_text(split) == (
+        "device used 304.0 MiB = PyTorch reserved 4.0 MiB + 300.0 MiB outside PyTorch "
+        "(CUDA contexts, libraries, other processes)"
+    )
+    assert device_split(FakeSource(nvml=False).snapshot(process_memory=True), 0) is None
+
+
+# -- the cell report's device line, and free --workspaces ---------------------------------------------
+
+
+def test_cell_report_splits_device_used_under_the_device() -> None:
+    from gpumem.core.cells import CellOptions, CellTracker
+    from gpumem.core.cells.report import CellReport
+    from gpumem.core.monitor import Monitor
+
+    fake = FakeSource(context_bytes=520 * MIB, other_processes_bytes=64 * MIB)
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    try:
+        cell = tracker.begin("x = torch.ones(...)", options=CellOptions())
+        fake.allocate(1536 * MIB)
+        record = tracker.end(cell, error=None)
+    finally:
+        tracker.close()
+    (change,) = record.devices
+    assert change.process_used_after_bytes == 1536 * MIB + 520 * MIB
+    expected = (
+        "device used 2.1 GiB = PyTorch reserved 1.5 GiB + this process outside PyTorch 520.0 MiB "
+        "(CUDA context, libraries) + other processes 64.0 MiB"
+    )
+    assert expected in repr(CellReport(record))
+    assert expected in CellReport(record)._repr_html_()
+
+
+def test_cell_report_has_no_split_line_without_nvml() -> None:
+    from gpumem.core.cells import CellOptions, CellTracker
+    from gpumem.core.cells.report import CellReport
+    from gpumem.core.monitor import Monitor
+
+    fake = FakeSource(nvml=False)
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    try:
+        cell = tracker.begin("y = 1", options=CellOptions())
+        fake.allocate(2 * MIB)
+        record = tracker.end(cell, error=None)
+    finally:
+        tracker.close()
+    assert "PyTorch reserved" not in repr(CellReport(record))
+
+
+def test_free_workspaces_without_cuda_says_there_was_none() -> None:
+    from gpumem.core.cleanup import free
+
+    result = free(source=FakeSource(), workspaces=True)
+    assert result.workspaces is False
+    assert "no cuBLAS workspace to release (CUDA is not initialized)" in result.describe()
+    assert free(source=FakeSource()).note == ""
+
+
+def test_free_magic_accepts_workspaces(ip: Any) -> None:
+    from _harness import run_cell_capture
+
+    result, captured = run_cell_capture(ip, "%load_ext gpumem\n%gpumem free --workspaces")
+    text = "\n".join(o.data.get("text/plain", "") for o in captured.outputs) + captured.stdout
+    assert result.success, text
+    assert "no cuBLAS workspace to release" in text
+    run_cell_capture(ip, "%unload_ext gpumem")
