@@ -174,5 +174,6 @@ def _hover_script(timeline: Timeline, element_id: str, xs: list[float]) -> str:
         "v": timeline.values,
         "l": timeline.labels,
     }
-    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    text = json.dumps(data, separators=(",", ":"))
+    text = text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")  # inert inside <script>
     return _SCRIPT % {"id": element_id, "data": text}
