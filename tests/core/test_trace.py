@@ -190,9 +190,7 @@ def test_recorder_with_a_torch_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
         cuda = Cuda
 
     monkeypatch.setitem(sys.modules, "torch", OldTorch)
-    assert TraceRecorder().start() == (
-        "PyTorch 2.0.1 is too old to record allocation history (2.1 or later is needed)"
-    )
+    assert TraceRecorder().start() == ("PyTorch 2.0.1 is too old to record allocation history (2.1 or later is needed)")
 
 
 def test_max_entries_refused_below_one() -> None:

@@ -9,15 +9,16 @@ from typing import Any
 __all__ = ["synthetic_snapshot"]
 
 _BASE = 0x7F0000000000
-_SHELL = [{"filename": "/usr/lib/python3/dist-packages/IPython/core/interactiveshell.py", "line": 3577, "name": "run_code"}]
+_IPYTHON = "/usr/lib/python3/dist-packages/IPython/core/interactiveshell.py"
+_SHELL = [{"filename": _IPYTHON, "line": 3577, "name": "run_code"}]
 
 
 def _frames(step_line: int) -> list[dict[str, Any]]:
     return [
         {"filename": "/usr/lib/python3/dist-packages/torch/nn/functional.py", "line": 1676, "name": "linear"},
         {"filename": "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
-        {"filename": "/tmp/ipykernel_1/100.py", "line": step_line, "name": "train_step"},
-        {"filename": "/tmp/ipykernel_1/101.py", "line": 2, "name": "<module>"},
+        {"filename": "<ipython-input-1-0a1b2c3d>", "line": step_line, "name": "train_step"},
+        {"filename": "<ipython-input-2-4e5f6a7b>", "line": 2, "name": "<module>"},
         *_SHELL,
     ]
 
