@@ -41,9 +41,9 @@ def test_without_cuda_one_line_and_the_cell_runs(shell: Any) -> None:
     assert result.result == 3.0
     assert cap.stdout.splitlines()[0] == NO_CUDA
     assert cap.stdout.count("gpumem:") == 1
-    reports = [output.data.get("text/plain", "") for output in cap.outputs]
-    assert any("gpumem" in text and "cell" in text for text in reports)  # the usual report is still shown
-    assert not any("gpumem trace of" in text for text in reports)
+    pages = [output.data.get("text/html", "") for output in cap.outputs]
+    assert any("gpumem-report" in page for page in pages)  # the cell is still measured and reported
+    assert not any("gpumem-trace" in page for page in pages)
 
 
 def test_without_torch_imported(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
