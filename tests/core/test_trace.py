@@ -21,7 +21,7 @@ from gpumem.core.trace.timeline import build_timeline, render_svg
 MIB = 1 << 20
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trace_snapshot.json"
 CELLS = {"/tmp/ipykernel_42/2817.py": 2, "/tmp/ipykernel_42/1001.py": 3, "/tmp/ipykernel_42/1002.py": 4}
-CELL_START_US = 900.0
+CELL_START = 2  # the traced cell's first entry (time_us 1000); earlier ones are the user's
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def by_label(usages: list[Any]) -> dict[str, tuple[int, int]]:
 
 
 def test_peak_left_and_temporary_by_site(snapshot: dict[str, Any]) -> None:
-    trace = analyse_device(snapshot, 0, since_us=CELL_START_US, namer=SiteNamer(CELLS))
+    trace = analyse_device(snapshot, 0, first_entry=CELL_START, namer=SiteNamer(CELLS))
     assert trace.start_bytes == 6 * MIB  # 4 MiB still alive + 2 MiB the cell freed
     assert trace.freed_before == 2 * MIB
     assert trace.peak_bytes == 29 * MIB
@@ -58,7 +58,7 @@ def test_peak_left_and_temporary_by_site(snapshot: dict[str, Any]) -> None:
 
 
 def test_ranked_by_bytes_user_code_named_library_folded(snapshot: dict[str, Any]) -> None:
-    trace = analyse_device(snapshot, 0, since_us=CELL_START_US, namer=SiteNamer(CELLS))
+    trace = analyse_device(snapshot, 0, first_entry=CELL_START, namer=SiteNamer(CELLS))
     assert [usage.bytes for usage in trace.at_peak] == [16 * MIB, 8 * MIB, 1 * MIB]
     loop = trace.at_peak[0]
     assert loop.site.user
@@ -69,7 +69,7 @@ def test_ranked_by_bytes_user_code_named_library_folded(snapshot: dict[str, Any]
 
 
 def test_without_the_cell_start_the_users_earlier_alloc_counts_as_the_cells(snapshot: dict[str, Any]) -> None:
-    # Every entry belongs to the cell when gpumem started the recording itself (since_us None).
+    # Every entry belongs to the cell when gpumem started the recording itself.
     trace = analyse_device(snapshot, 0, namer=SiteNamer(CELLS))
     assert trace.start_bytes == 4 * MIB
     assert trace.freed_before == 0
@@ -79,7 +79,7 @@ def test_without_the_cell_start_the_users_earlier_alloc_counts_as_the_cells(snap
 def test_free_completed_alone_frees_once(snapshot: dict[str, Any]) -> None:
     entries = snapshot["device_traces"][0]
     snapshot["device_traces"][0] = [entry for entry in entries if entry["action"] != "free_requested"]
-    trace = analyse_device(snapshot, 0, since_us=CELL_START_US, namer=SiteNamer(CELLS))
+    trace = analyse_device(snapshot, 0, first_entry=CELL_START, namer=SiteNamer(CELLS))
     assert trace.peak_bytes == 29 * MIB
     assert by_label(trace.temporary) == {"cell [4] line 3 in <module>": (48 * MIB, 3)}
 
@@ -95,11 +95,11 @@ def test_terminal_cell_names_and_unknown_files() -> None:
 
 def test_devices_without_events_are_left_out(snapshot: dict[str, Any]) -> None:
     snapshot["device_traces"].append([])
-    assert [trace.device for trace in analyse_snapshot(snapshot, since_us=CELL_START_US)] == [0]
+    assert [trace.device for trace in analyse_snapshot(snapshot, first_entry={0: CELL_START})] == [0]
 
 
 def test_text_report(snapshot: dict[str, Any]) -> None:
-    report = build_report(CellSnapshot(snapshot, CELL_START_US, True, [], None), cell_numbers=CELLS, cell=4)
+    report = build_report(CellSnapshot(snapshot, {0: CELL_START}, True, [], None), cell_numbers=CELLS, cell=4)
     text = repr(report)
     assert text.splitlines()[0].startswith("gpumem trace of cell [4]")
     assert "Your own recording of allocation history was on" in text
@@ -110,7 +110,7 @@ def test_text_report(snapshot: dict[str, Any]) -> None:
 
 
 def test_html_report_is_self_contained(snapshot: dict[str, Any]) -> None:
-    report = build_report(CellSnapshot(snapshot, CELL_START_US, False, [0], 10), cell_numbers=CELLS, cell=4)
+    report = build_report(CellSnapshot(snapshot, {0: CELL_START}, False, [0], 10), cell_numbers=CELLS, cell=4)
     page = report._repr_html_()
     assert "<svg" in page
     assert "<details><summary>cell [4] line 3 in &lt;module&gt;" in page
@@ -127,19 +127,19 @@ def test_user_strings_are_escaped() -> None:
         "device_traces": [[{"action": "alloc", "addr": 1, "size": 512, "time_us": 1, "frames": [
             {"filename": "/home/me/x.py", "line": 1, "name": evil}]}]],
     }  # fmt: skip
-    page = build_report(CellSnapshot(snapshot, None, False, [], 100))._repr_html_()
+    page = build_report(CellSnapshot(snapshot, {}, False, [], 100))._repr_html_()
     assert evil not in page
     assert "&lt;img src=x" in page
 
 
 def test_empty_cell() -> None:
-    report = build_report(CellSnapshot({"segments": [], "device_traces": [[]]}, None, False, [], 100))
+    report = build_report(CellSnapshot({"segments": [], "device_traces": [[]]}, {}, False, [], 100))
     assert "allocated and freed no GPU memory" in repr(report)
     assert "allocated and freed no GPU memory" in report._repr_html_()
 
 
 def test_timeline_keeps_the_peak_and_bounds_the_points(snapshot: dict[str, Any]) -> None:
-    trace = analyse_device(snapshot, 0, since_us=CELL_START_US, namer=SiteNamer(CELLS))
+    trace = analyse_device(snapshot, 0, first_entry=CELL_START, namer=SiteNamer(CELLS))
     timeline = build_timeline(trace, columns=4, bands=2)
     assert len(timeline.times) <= 2 * 4 + 1
     assert max(sum(point) for point in timeline.values) == 29 * MIB  # decimated, the peak is still drawn
@@ -153,7 +153,7 @@ def test_timeline_keeps_the_peak_and_bounds_the_points(snapshot: dict[str, Any])
 
 def test_large_trace_stays_small() -> None:
     snapshot = synthetic_snapshot(100_000)
-    page = build_report(CellSnapshot(snapshot, None, False, [], 200_000))._repr_html_()
+    page = build_report(CellSnapshot(snapshot, {}, False, [], 200_000))._repr_html_()
     assert len(page.encode()) <= 2_000_000
 
 
@@ -215,3 +215,112 @@ def test_save_snapshot_is_atomic_and_loadable(tmp_path: Path, snapshot: dict[str
     with target.open("rb") as file:
         assert pickle.load(file) == snapshot  # the old file is intact
     assert [path.name for path in tmp_path.iterdir()] == ["cell.pickle"]
+
+
+class _FakeAllocator:
+    """Stands in for torch's recording switch: the calls it got, the history it keeps."""
+
+    def __init__(self, recording: bool, entries: list[dict[str, Any]]) -> None:
+        self.recording = recording
+        self.entries = entries
+        self.calls: list[dict[str, Any]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        allocator = self
+
+        class Memory:
+            @staticmethod
+            def _record_memory_history(
+                enabled: str | None = "all", context: str | None = "all", stacks: str = "all", max_entries: int = 0
+            ) -> None:
+                allocator.calls.append({"enabled": enabled, "context": context, "stacks": stacks, "max": max_entries})
+                allocator.recording = enabled is not None
+                if enabled is None:
+                    allocator.entries.clear()
+
+            @staticmethod
+            def _snapshot() -> dict[str, Any]:
+                return {"segments": [], "device_traces": [list(allocator.entries)]}
+
+        class Cuda:
+            memory = Memory
+
+            @staticmethod
+            def is_available() -> bool:
+                return True
+
+        class C:
+            @staticmethod
+            def _cuda_isHistoryEnabled() -> bool:  # noqa: N802 - torch._C's name
+                return allocator.recording
+
+        class Torch:
+            __version__ = "2.5.0"
+            cuda = Cuda
+            _C = C
+
+        monkeypatch.setitem(sys.modules, "torch", Torch)
+
+
+def _alloc(addr: int, size: int, time_us: float) -> dict[str, Any]:
+    return {"action": "alloc", "addr": addr, "size": size, "time_us": time_us, "frames": []}
+
+
+def test_recorder_records_only_during_the_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    allocator = _FakeAllocator(recording=False, entries=[])
+    allocator.install(monkeypatch)
+    recorder = TraceRecorder(500)
+    assert recorder.start() is None
+    assert allocator.calls == [{"enabled": "all", "context": "alloc", "stacks": "python", "max": 500}]
+    allocator.entries.append(_alloc(1, 512, 10))
+    taken = recorder.stop()
+    assert taken is not None
+    assert allocator.calls[-1]["enabled"] is None  # off again, as it was
+    assert not allocator.recording
+    assert taken.first_entry == {}
+    assert not taken.user_recording
+    assert taken.truncated == []
+    assert len(taken.snapshot["device_traces"][0]) == 1
+
+
+def test_recorder_leaves_the_users_recording_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    theirs = [_alloc(1, 512, 10), _alloc(2, 1024, 20)]
+    allocator = _FakeAllocator(recording=True, entries=list(theirs))
+    allocator.install(monkeypatch)
+    recorder = TraceRecorder()
+    assert recorder.start() is None
+    allocator.entries.append(_alloc(3, 2048, 30))  # the cell's
+    taken = recorder.stop()
+    assert taken is not None
+    assert allocator.calls == []  # their settings untouched
+    assert allocator.recording
+    assert allocator.entries[:2] == theirs  # their entries kept
+    assert taken.user_recording
+    assert taken.first_entry == {0: 2}
+    trace = analyse_snapshot(taken.snapshot, first_entry=taken.first_entry)[0]
+    assert [usage.bytes for usage in trace.left] == [2048]
+
+
+def test_recorder_says_when_the_users_ring_buffer_went_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    allocator = _FakeAllocator(recording=True, entries=[_alloc(1, 512, 10)])
+    allocator.install(monkeypatch)
+    recorder = TraceRecorder()
+    assert recorder.start() is None
+    allocator.entries[:] = [_alloc(3, 2048, 30)]  # the oldest entry was overwritten
+    taken = recorder.stop()
+    assert taken is not None
+    assert taken.truncated == [0]
+    assert taken.first_entry == {0: 0}
+    assert "earlier events are missing" in repr(build_report(taken))
+
+
+def test_recorder_says_when_its_own_buffer_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    allocator = _FakeAllocator(recording=False, entries=[])
+    allocator.install(monkeypatch)
+    recorder = TraceRecorder(2)
+    assert recorder.start() is None
+    allocator.entries.extend([_alloc(1, 512, 10), _alloc(2, 512, 11)])
+    taken = recorder.stop()
+    assert taken is not None
+    assert taken.truncated == [0]
+    assert "the trace kept only the last 2 events" in repr(build_report(taken))

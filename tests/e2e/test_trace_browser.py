@@ -19,7 +19,7 @@ CELLS = {"/tmp/ipykernel_42/2817.py": 2, "/tmp/ipykernel_42/1001.py": 3, "/tmp/i
 
 def test_trace_page_offline(browser: Any, tmp_path: Path) -> None:
     snapshot = json.loads(FIXTURE.read_text())
-    page_html = build_report(CellSnapshot(snapshot, 900.0, False, [], 100), cell_numbers=CELLS, cell=4)._repr_html_()
+    page_html = build_report(CellSnapshot(snapshot, {0: 2}, False, [], 100), cell_numbers=CELLS, cell=4)._repr_html_()
     path = tmp_path / "trace.html"
     path.write_text(f"<!doctype html><html><body>{page_html}</body></html>")
     context = browser.new_context(offline=True, viewport={"width": 1000, "height": 800})

@@ -31,7 +31,7 @@ def build_report(
 ) -> TraceReport:
     """The report of one traced cell; ``cell_numbers`` maps IPython's cell filenames to their numbers."""
     devices = analyse_snapshot(
-        taken.snapshot, since_us=taken.since_us, cell_numbers=cell_numbers, truncated=taken.truncated
+        taken.snapshot, first_entry=taken.first_entry, cell_numbers=cell_numbers, truncated=taken.truncated
     )
     notes = []
     if taken.user_recording:

@@ -197,16 +197,14 @@ def analyse_device(
     snapshot: Mapping[str, Any],
     device: int,
     *,
-    since_us: float | None = None,
+    first_entry: int = 0,
     namer: SiteNamer | None = None,
     truncated: bool = False,
 ) -> DeviceTrace:
-    """The three answers for ``device``; ``since_us`` drops the trace's events from before the cell."""
+    """The three answers for ``device``; the trace's entries before ``first_entry`` predate the cell."""
     namer = namer or SiteNamer()
     traces = snapshot.get("device_traces") or []
-    entries: Sequence[Mapping[str, Any]] = traces[device] if device < len(traces) else []
-    if since_us is not None:
-        entries = [entry for entry in entries if float(entry.get("time_us", since_us)) >= since_us]
+    entries: Sequence[Mapping[str, Any]] = traces[device][first_entry:] if device < len(traces) else []
     replay = _Replay(namer)
     replay.run(entries)
     at_end = live_blocks(snapshot, device)
@@ -256,7 +254,7 @@ def _alive_at(replay: _Replay, until: int, start: int) -> tuple[list[_Block], in
 def analyse_snapshot(
     snapshot: Mapping[str, Any],
     *,
-    since_us: float | None = None,
+    first_entry: Mapping[int, int] | None = None,
     cell_numbers: Mapping[str, int] | None = None,
     truncated: Sequence[int] = (),
 ) -> list[DeviceTrace]:
@@ -264,7 +262,8 @@ def analyse_snapshot(
     namer = SiteNamer(cell_numbers)
     found = []
     for device in range(len(snapshot.get("device_traces") or [])):
-        trace = analyse_device(snapshot, device, since_us=since_us, namer=namer, truncated=device in truncated)
+        start = (first_entry or {}).get(device, 0)
+        trace = analyse_device(snapshot, device, first_entry=start, namer=namer, truncated=device in truncated)
         if trace.events or trace.failed:
             found.append(trace)
     return found

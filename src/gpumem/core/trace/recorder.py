@@ -2,7 +2,8 @@
 
 torch is only looked up in ``sys.modules``: with no torch imported there is nothing to record. If
 the user already records (``torch._C._cuda_isHistoryEnabled()``) their setting and their entries
-are left alone and the cell's part of their history is read (entries timed from the cell's start);
+are left alone and the cell's part of their history is read: what follows their newest entry as the
+cell started (a snapshot then, taken only in that case);
 otherwise recording is switched on with stacks of Python frames, for allocations only
 (``context="alloc"``), in a ring buffer of ``max_entries`` events, and off again after the cell,
 which also frees the buffer.
@@ -16,7 +17,6 @@ import os
 import pickle
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,7 @@ class CellSnapshot:
     """The allocator snapshot taken as the cell ended, and how to read the cell's part of it."""
 
     snapshot: dict[str, Any]
-    since_us: float | None  # the cell's start on the trace's clock; None: every entry is the cell's
+    first_entry: dict[int, int]  # per device, the index of the cell's first trace entry (absent: 0)
     user_recording: bool
     truncated: list[int]  # devices whose oldest events may have been dropped
     max_entries: int | None
@@ -85,7 +85,7 @@ class TraceRecorder:
         self.max_entries = max_entries
         self._memory: _Memory | None = None
         self._enabled_here = False
-        self._since_us: float | None = None
+        self._markers: dict[int, tuple[Any, ...]] | None = None  # the user's last entries as the cell started
 
     def start(self) -> str | None:
         """Start recording; returns None, or why the cell cannot be traced (one sentence)."""
@@ -96,7 +96,7 @@ class TraceRecorder:
             was_recording = self._history_enabled(memory)
         except Exception as error:
             return f"PyTorch could not say whether it records already: {type(error).__name__}: {error}"
-        self._since_us = time.time() * 1e6 if was_recording else None
+        self._markers = _last_entries(memory.snapshot()) if was_recording else None
         if not was_recording:
             try:
                 memory.record(enabled="all", context="alloc", stacks="python", max_entries=self.max_entries)
@@ -127,28 +127,42 @@ class TraceRecorder:
             if self._enabled_here:
                 self._enabled_here = False
                 memory.record(enabled=None)
-        user_recording = self._since_us is not None
+        markers, self._markers = self._markers, None
+        first_entry: dict[int, int] = {}
+        truncated = []
+        for device, entries in enumerate(snapshot.get("device_traces") or ()):
+            if markers is None:
+                if len(entries) >= self.max_entries:
+                    truncated.append(device)
+                continue
+            marker = markers.get(device)
+            position = _find(entries, marker) if marker is not None else -1
+            if marker is not None and position < 0:
+                truncated.append(device)  # the user's ring buffer went round during the cell
+            first_entry[device] = position + 1
         return CellSnapshot(
             snapshot=snapshot,
-            since_us=self._since_us,
-            user_recording=user_recording,
-            truncated=self._truncated(snapshot, user_recording),
-            max_entries=None if user_recording else self.max_entries,
+            first_entry=first_entry,
+            user_recording=markers is not None,
+            truncated=truncated,
+            max_entries=None if markers is not None else self.max_entries,
         )
 
-    def _truncated(self, snapshot: dict[str, Any], user_recording: bool) -> list[int]:
-        found = []
-        for device, entries in enumerate(snapshot.get("device_traces") or ()):
-            if not entries:
-                continue
-            if user_recording:
-                oldest = float(entries[0].get("time_us", 0))
-                full = self._since_us is not None and oldest >= self._since_us
-            else:
-                full = len(entries) >= self.max_entries
-            if full:
-                found.append(device)
-        return found
+
+def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    return (entry.get("action"), entry.get("addr"), entry.get("size"), entry.get("time_us"))
+
+
+def _last_entries(snapshot: dict[str, Any]) -> dict[int, tuple[Any, ...]]:
+    """Per device, the identity of the newest trace entry: the cell's part of the history follows it."""
+    return {device: _key(entries[-1]) for device, entries in enumerate(snapshot.get("device_traces") or ()) if entries}
+
+
+def _find(entries: list[dict[str, Any]], marker: tuple[Any, ...]) -> int:
+    for position in range(len(entries) - 1, -1, -1):
+        if _key(entries[position]) == marker:
+            return position
+    return -1
 
 
 def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike[str]) -> Path:
