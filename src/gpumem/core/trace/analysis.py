@@ -113,27 +113,28 @@ class _Replay:
         return position
 
     def run(self, entries: Iterable[Mapping[str, Any]]) -> None:
+        alloc, free = self._alloc, self._free
         for number, entry in enumerate(entries):
             action = entry.get("action")
-            time = float(entry.get("time_us", number))
+            time = entry.get("time_us", number)
             if action == "alloc":
-                self._alloc(entry, time)
+                alloc(entry, time)
             elif action in _FREES:
-                self._free(entry, time, action)
+                free(entry, time, action)
             elif action == "oom":
                 self.failed.append(int(entry.get("size", 0)))
 
     def _alloc(self, entry: Mapping[str, Any], time: float) -> None:
         frames = entry.get("frames") or ()
-        block = _Block(self.site_of(frames), int(entry.get("size", 0)), frames)
-        address = int(entry.get("addr", 0))
+        block = _Block(self.site_of(frames), entry.get("size", 0), frames)
+        address = entry.get("addr", 0)
         self.requested.discard(address)
         self.live[address] = block
         self.events.append(TraceEvent(time, block.size, block.site))
         self.steps.append((address, block))
 
     def _free(self, entry: Mapping[str, Any], time: float, action: str) -> None:
-        address = int(entry.get("addr", 0))
+        address = entry.get("addr", 0)
         if action == "free_completed" and address in self.requested:
             self.requested.discard(address)
             return

@@ -57,7 +57,8 @@ class SiteNamer:
         self.cell_numbers = dict(cell_numbers or {})
         self._prefixes = _library_prefixes()
         self._files: dict[str, tuple[str, bool, int | None]] = {}
-        self._sites: dict[tuple[Any, Any], Site] = {}
+        self._sites: dict[tuple[Any, ...], Site] = {}
+        self._user_files: dict[Any, bool] = {}
 
     def _file(self, filename: str) -> tuple[str, bool, int | None]:
         """``(short name, is user code, cell number or None)`` for a filename, cached."""
@@ -89,32 +90,42 @@ class SiteNamer:
         return [self.frame(raw) for raw in raw_frames]
 
     def site(self, raw_frames: Sequence[Mapping[str, Any]]) -> Site:
-        """The site of one allocation, from its frames (innermost first)."""
+        """The site of one allocation, from its frames (innermost first); called once per allocation."""
         if not raw_frames:
             return NO_STACK
+        user_files = self._user_files
         below: Mapping[str, Any] | None = None
         chosen: Mapping[str, Any] | None = None
         for raw in raw_frames:
-            if self._file(str(raw.get("filename", "?")))[1]:
+            filename = raw.get("filename", "?")
+            user = user_files.get(filename)
+            if user is None:
+                user = user_files[filename] = self._file(str(filename))[1]
+            if user:
                 chosen = raw
                 break
             below = raw
-        user = chosen is not None
         if chosen is None:
             chosen, below = raw_frames[0], None
-        key = (str(chosen.get("filename", "?")), int(chosen.get("line", 0) or 0), str(chosen.get("name", "?")))
-        below_key = None if below is None else (below.get("filename"), below.get("line"), below.get("name"))
-        cached = self._sites.get((key, below_key))
-        if cached is not None:
-            return cached
+        cache_key = (
+            chosen.get("filename"),
+            chosen.get("line"),
+            chosen.get("name"),
+            None if below is None else (below.get("filename"), below.get("line"), below.get("name")),
+        )
+        cached = self._sites.get(cache_key)
+        if cached is None:
+            cached = self._sites[cache_key] = self._new_site(chosen, below)
+        return cached
+
+    def _new_site(self, chosen: Mapping[str, Any], below: Mapping[str, Any] | None) -> Site:
         frame = self.frame(chosen)
         via = ""
         if below is not None:
             inner = self.frame(below)
             via = f"{inner.where} {inner.function}"
-        site = Site(key, f"{frame.where} in {frame.function}", user=user, via=via)
-        self._sites[(key, below_key)] = site
-        return site
+        key = (frame.filename, frame.line, frame.function)
+        return Site(key, f"{frame.where} in {frame.function}", user=frame.user, via=via)
 
 
 def _short_library_name(filename: str) -> str:
