@@ -45,16 +45,19 @@ torch.cuda.synchronize()
 
 def render_half(entries: int, runs: int = 5) -> dict[str, Any]:
     snapshot = synthetic_snapshot(entries)
-    times, size = [], 0
+    times, cpu_times, size = [], [], 0
     for _ in range(runs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         page = build_report(CellSnapshot(snapshot, {}, False, [], 2 * entries))._repr_html_()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu)
         size = len(page.encode())
     median = statistics.median(times)
-    print(f"render {entries:,} entries: median {median * 1000:.0f} ms (goal <= {GOAL_RENDER_S * 1000:.0f} ms), "
+    # CPU time beside wall time: on a shared machine the wall time includes other processes' turns.
+    print(f"render {entries:,} entries: median {median * 1000:.0f} ms wall, "
+          f"{statistics.median(cpu_times) * 1000:.0f} ms CPU (goal <= {GOAL_RENDER_S * 1000:.0f} ms), "
           f"{size:,} bytes (goal <= {GOAL_BYTES:,})")  # fmt: skip
-    return {"entries": entries, "median_s": median, "times_s": times, "html_bytes": size,
+    return {"entries": entries, "median_s": median, "times_s": times, "cpu_s": cpu_times, "html_bytes": size,
             "ok": median <= GOAL_RENDER_S and size <= GOAL_BYTES}  # fmt: skip
 
 
