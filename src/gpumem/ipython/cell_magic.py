@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, cast
 
 from gpumem.core.cells import CellOptions
 from gpumem.core.sources import MemorySource
+from gpumem.core.trace import DEFAULT_MAX_ENTRIES
 from gpumem.ipython.arguments import (
     UsageError,
     argument,
@@ -27,6 +28,7 @@ from gpumem.ipython.arguments import (
     parse_argstring,
     parse_devices,
 )
+from gpumem.ipython.trace_cell import TraceRequest
 
 __all__ = ["CellRequest", "HeaderTransformer", "cell_usage", "parse_cell_options", "run_body", "split_cell_header"]
 
@@ -38,6 +40,7 @@ class CellRequest(NamedTuple):
 
     options: CellOptions
     top: int | None  # None: the configured default
+    trace: TraceRequest | None = None  # --trace: where the cell's memory came from
 
 
 @magic_arguments("%gpumem")
@@ -57,6 +60,24 @@ class CellRequest(NamedTuple):
 )
 @argument("--top", type=int, metavar="N", help="show at most N variables (default: c.GpuMem.top_variables, 5)")
 @argument("--no-vars", action="store_true", help="do not look for the variables that hold GPU memory")
+@argument(
+    "--trace",
+    action="store_true",
+    help="record PyTorch's allocation history while the cell runs (starts CUDA if not yet started) and show "
+    "the allocation sites of what was alive at the peak, what the cell left behind and what was temporary",
+)
+@argument(
+    "--trace-entries",
+    type=int,
+    metavar="N",
+    help=f"keep at most N allocator events (default {DEFAULT_MAX_ENTRIES:,}, a few hundred MB of host memory "
+    "at most); implies --trace",
+)
+@argument(
+    "--trace-save",
+    metavar="PATH",
+    help="also write the raw snapshot (a pickle, as torch.cuda.memory._dump_snapshot writes) to PATH; implies --trace",
+)
 def cell_usage(line: str, cell: str | None = None) -> None:
     """Measure one cell: wall time; per CUDA device in use, PyTorch allocated and reserved memory before ->
     after, the exact peak above the starting point and the whole-device used memory (NVML); host RSS
@@ -77,6 +98,11 @@ def parse_cell_options(line: str, source: MemorySource) -> CellRequest:
     args = parse_argstring(cell_usage, line)
     if args.top is not None and args.top < 0:
         raise UsageError(f"--top must be 0 or more, not {args.top}")
+    if args.trace_entries is not None and args.trace_entries < 1:
+        raise UsageError(f"--trace-entries must be 1 or more, not {args.trace_entries}")
+    trace = None
+    if args.trace or args.trace_entries is not None or args.trace_save:
+        trace = TraceRequest(args.trace_entries or DEFAULT_MAX_ENTRIES, args.trace_save or None)
     devices = parse_devices(args.device) if args.device else None
     if devices:
         check_devices_exist(devices, source)
@@ -87,7 +113,7 @@ def parse_cell_options(line: str, source: MemorySource) -> CellRequest:
         mode="magic",
         quiet=bool(args.quiet),
     )
-    return CellRequest(options, args.top)
+    return CellRequest(options, args.top, trace)
 
 
 def split_cell_header(raw_cell: str) -> tuple[str, str] | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
+from gpumem.ipython import trace_cell
 from gpumem.ipython.arguments import complain, display
 from gpumem.ipython.cell_magic import CellRequest, parse_cell_options, split_cell_header
 from gpumem.ipython.oom import OomExplainer
@@ -29,6 +30,7 @@ class _Pending(NamedTuple):
     info: Any
     active: ActiveCell | None
     request: CellRequest | None
+    trace: Any = None  # the --trace recorder, recording
 
 
 # The request of a cell whose measurement could not start (compared by identity).
@@ -66,6 +68,8 @@ class CellHooks:
 
     def close(self) -> None:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""
+        for pending in self._stack:
+            trace_cell.stop(pending.trace)
         self._stack.clear()
         if self.oom is not None:
             self.oom.close()
@@ -93,7 +97,7 @@ class CellHooks:
         options = request.options if request is not None else state.auto_options()
         count = int(state.shell.execution_count) - 1 if getattr(info, "store_history", False) else None
         active = state.tracker.begin(body, options=options, execution_count=count, namespace=state.shell.user_ns)
-        self._stack.append(_Pending(info, active, request))
+        self._stack.append(_Pending(info, active, request, trace_cell.start(request and request.trace)))
 
     def _pop(self, result: Any) -> _Pending | None:
         if not self._stack:
@@ -113,6 +117,7 @@ class CellHooks:
     def _finish(self, pending: _Pending, result: Any) -> None:
         active = pending.active
         assert active is not None
+        traced = trace_cell.stop(pending.trace)
         if result is None:
             error: BaseException | None = RuntimeError("the cell did not complete")
         else:
@@ -130,6 +135,8 @@ class CellHooks:
             hidden=self._new_output(count),
         )
         self.show(record, request)
+        if request is not None:
+            trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet)
 
     def _new_output(self, count: int | None) -> dict[str, Any] | None:
         """The cell's entry in IPython's output cache, which keeps its value alive."""

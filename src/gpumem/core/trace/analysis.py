@@ -1,0 +1,270 @@
+"""What one cell did with GPU memory, from PyTorch's allocator snapshot: pure functions, no torch.
+
+Three questions, per device, each answered by allocation site: what was alive at the cell's peak,
+what the cell left behind, and what was temporary (allocated and freed inside the cell). Bytes are
+the sizes the allocator's trace records, which are the sizes *requested*; the allocator rounds each
+block up (to 512 B at least), so ``torch.cuda.memory_allocated`` can be a little higher.
+
+Memory that existed before the cell is never charged to a site: it is "before the cell", found as
+the blocks alive at the end that the cell did not allocate plus those the cell freed without having
+allocated them. A block counts as freed at ``free_requested`` (where ``memory_allocated`` drops),
+or at ``free_completed`` where no request was recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from gpumem.core.trace.sites import Frame, Site, SiteNamer
+
+__all__ = ["BEFORE", "DeviceTrace", "SiteUsage", "TraceEvent", "analyse_device", "analyse_snapshot", "live_blocks"]
+
+BEFORE = -1  # the site index of memory allocated before the cell (or before the trace's window)
+_FREES = ("free_requested", "free_completed")
+
+
+class TraceEvent(NamedTuple):
+    """One change of allocated memory: ``delta`` bytes at ``time`` (µs), charged to ``site`` (or BEFORE)."""
+
+    time: float
+    delta: int
+    site: int
+
+
+@dataclass
+class SiteUsage:
+    """Bytes of one site in one view; ``stack`` is the stack of its largest block (innermost first)."""
+
+    site: Site
+    bytes: int = 0
+    count: int = 0
+    largest: int = 0
+    stack: tuple[Frame, ...] = ()
+
+
+@dataclass
+class DeviceTrace:
+    """The answers for one device."""
+
+    device: int
+    sites: list[Site]
+    events: list[TraceEvent]
+    start_bytes: int  # allocated before the cell (still or once alive during it)
+    end_bytes: int
+    peak_bytes: int
+    peak_time: float | None  # None: the peak is the cell's start
+    before_at_peak: int  # of peak_bytes, what was allocated before the cell
+    at_peak: list[SiteUsage]
+    left: list[SiteUsage]
+    temporary: list[SiteUsage]
+    freed_before: int  # bytes allocated before the cell that the cell freed
+    truncated: bool  # the trace's oldest events may be missing (its ring buffer was full)
+    failed: list[int] = field(default_factory=list)  # sizes of allocations that ran out of memory
+    first_time: float | None = None
+    last_time: float | None = None
+
+
+class _Block(NamedTuple):
+    site: int
+    size: int
+    frames: Sequence[Mapping[str, Any]]
+
+
+def live_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]:
+    """``{address: requested bytes}`` of the blocks allocated on ``device`` when the snapshot was taken."""
+    found: dict[int, int] = {}
+    for segment in snapshot.get("segments", ()):
+        if int(segment.get("device", 0)) != device:
+            continue
+        address = int(segment.get("address", 0))
+        for block in segment.get("blocks", ()):
+            size = int(block.get("size", 0))
+            here = int(block.get("address", address))
+            if block.get("state") == "active_allocated":
+                found[here] = int(block.get("requested_size", size) or size)
+            address = here + size
+    return found
+
+
+class _Replay:
+    """One forward pass over a device's trace: classifies every alloc and free."""
+
+    def __init__(self, namer: SiteNamer) -> None:
+        self.namer = namer
+        self.sites: list[Site] = []
+        self.index: dict[tuple[str, int, str], int] = {}
+        self.events: list[TraceEvent] = []
+        self.steps: list[tuple[int, _Block | None]] = []  # per event: its address, and the block if an alloc
+        self.live: dict[int, _Block] = {}
+        self.requested: set[int] = set()  # addresses whose free was requested but not yet completed
+        self.freed_before = 0
+        self.temporary: dict[int, SiteUsage] = {}
+        self.temporary_frames: dict[int, Sequence[Mapping[str, Any]]] = {}
+        self.failed: list[int] = []
+
+    def site_of(self, frames: Sequence[Mapping[str, Any]]) -> int:
+        site = self.namer.site(frames)
+        position = self.index.get(site.key)
+        if position is None:
+            position = self.index[site.key] = len(self.sites)
+            self.sites.append(site)
+        return position
+
+    def run(self, entries: Iterable[Mapping[str, Any]]) -> None:
+        alloc, free = self._alloc, self._free
+        for number, entry in enumerate(entries):
+            action = entry.get("action")
+            time = entry.get("time_us", number)
+            if action == "alloc":
+                alloc(entry, time)
+            elif action in _FREES:
+                free(entry, time, action)
+            elif action == "oom":
+                self.failed.append(int(entry.get("size", 0)))
+
+    def _alloc(self, entry: Mapping[str, Any], time: float) -> None:
+        frames = entry.get("frames") or ()
+        block = _Block(self.site_of(frames), entry.get("size", 0), frames)
+        address = entry.get("addr", 0)
+        self.requested.discard(address)
+        self.live[address] = block
+        self.events.append(TraceEvent(time, block.size, block.site))
+        self.steps.append((address, block))
+
+    def _free(self, entry: Mapping[str, Any], time: float, action: str) -> None:
+        address = entry.get("addr", 0)
+        if action == "free_completed" and address in self.requested:
+            self.requested.discard(address)
+            return
+        if action == "free_requested":
+            self.requested.add(address)
+        block = self.live.pop(address, None)
+        if block is None:
+            size = int(entry.get("size", 0))
+            self.freed_before += size
+            self.events.append(TraceEvent(time, -size, BEFORE))
+            self.steps.append((address, None))
+            return
+        self.events.append(TraceEvent(time, -block.size, block.site))
+        self.steps.append((address, None))
+        usage = self.temporary.get(block.site)
+        if usage is None:
+            usage = self.temporary[block.site] = SiteUsage(self.sites[block.site])
+        _add(usage, block.size)
+        if block.size >= usage.largest:
+            self.temporary_frames[block.site] = block.frames
+
+
+def _add(usage: SiteUsage, size: int) -> None:
+    usage.bytes += size
+    usage.count += 1
+    usage.largest = max(usage.largest, size)
+
+
+def _ranked(usages: Iterable[SiteUsage]) -> list[SiteUsage]:
+    """Largest first; the user's own sites before library ones of the same size."""
+    return sorted(usages, key=lambda usage: (-usage.bytes, not usage.site.user, usage.site.label))
+
+
+def _by_site(blocks: Iterable[_Block], sites: list[Site], namer: SiteNamer) -> list[SiteUsage]:
+    usages: dict[int, SiteUsage] = {}
+    stacks: dict[int, Sequence[Mapping[str, Any]]] = {}
+    for block in blocks:
+        usage = usages.get(block.site)
+        if usage is None:
+            usage = usages[block.site] = SiteUsage(sites[block.site])
+        if block.size >= usage.largest:
+            stacks[block.site] = block.frames
+        _add(usage, block.size)
+    for site, usage in usages.items():
+        usage.stack = tuple(namer.frames(stacks.get(site, ())))
+    return _ranked(usages.values())
+
+
+def _peak(events: Sequence[TraceEvent], start: int) -> tuple[int, int]:
+    """``(peak bytes, index of the event that reached it)``; index -1: the start was the peak."""
+    total = peak = start
+    where = -1
+    for position, event in enumerate(events):
+        total += event.delta
+        if total > peak:
+            peak, where = total, position
+    return peak, where
+
+
+def analyse_device(
+    snapshot: Mapping[str, Any],
+    device: int,
+    *,
+    first_entry: int = 0,
+    namer: SiteNamer | None = None,
+    truncated: bool = False,
+) -> DeviceTrace:
+    """The three answers for ``device``; the trace's entries before ``first_entry`` predate the cell."""
+    namer = namer or SiteNamer()
+    traces = snapshot.get("device_traces") or []
+    entries: Sequence[Mapping[str, Any]] = traces[device][first_entry:] if device < len(traces) else []
+    replay = _Replay(namer)
+    replay.run(entries)
+    at_end = live_blocks(snapshot, device)
+    survivors = sum(size for address, size in at_end.items() if address not in replay.live)
+    start = survivors + replay.freed_before
+    events = replay.events
+    peak, where = _peak(events, start)
+    alive, before_at_peak = _alive_at(replay, where, start)
+    for site, usage in replay.temporary.items():
+        usage.stack = tuple(namer.frames(replay.temporary_frames.get(site, ())))
+    return DeviceTrace(
+        device=device,
+        sites=replay.sites,
+        events=events,
+        start_bytes=start,
+        end_bytes=start + sum(event.delta for event in events),
+        peak_bytes=peak,
+        peak_time=events[where].time if where >= 0 else None,
+        before_at_peak=before_at_peak,
+        at_peak=_by_site(alive, replay.sites, namer),
+        left=_by_site(replay.live.values(), replay.sites, namer),
+        temporary=_ranked(replay.temporary.values()),
+        freed_before=replay.freed_before,
+        truncated=truncated,
+        failed=replay.failed,
+        first_time=events[0].time if events else None,
+        last_time=events[-1].time if events else None,
+    )
+
+
+def _alive_at(replay: _Replay, until: int, start: int) -> tuple[list[_Block], int]:
+    """The cell's blocks alive just after event ``until``, and the bytes from before the cell then."""
+    alive: dict[int, _Block] = {}
+    before = start
+    for position in range(until + 1):
+        event = replay.events[position]
+        address, block = replay.steps[position]
+        if event.site == BEFORE:
+            before += event.delta
+        elif block is not None:
+            alive[address] = block
+        else:
+            alive.pop(address, None)
+    return list(alive.values()), before
+
+
+def analyse_snapshot(
+    snapshot: Mapping[str, Any],
+    *,
+    first_entry: Mapping[int, int] | None = None,
+    cell_numbers: Mapping[str, int] | None = None,
+    truncated: Sequence[int] = (),
+) -> list[DeviceTrace]:
+    """One :class:`DeviceTrace` per device that the cell allocated or freed on."""
+    namer = SiteNamer(cell_numbers)
+    found = []
+    for device in range(len(snapshot.get("device_traces") or [])):
+        start = (first_entry or {}).get(device, 0)
+        trace = analyse_device(snapshot, device, first_entry=start, namer=namer, truncated=device in truncated)
+        if trace.events or trace.failed:
+            found.append(trace)
+    return found

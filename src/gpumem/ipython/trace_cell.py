@@ -1,0 +1,79 @@
+"""``%%gpumem --trace``: start PyTorch's allocation history as the cell starts, and after it show
+where its memory came from (and save the raw snapshot with ``--trace-save``).
+
+The hooks call :func:`start` where they begin measuring a cell and :func:`stop` / :func:`show`
+where they finish; nothing here raises into the user's cell. Where the cell cannot be traced (no
+torch imported, no CUDA, a torch too old) one line says why and the cell runs all the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, save_snapshot
+from gpumem.ipython.arguments import complain, display
+
+__all__ = ["TraceRequest", "cell_numbers", "show", "start", "stop"]
+
+
+class TraceRequest(NamedTuple):
+    """What ``--trace``, ``--trace-entries`` and ``--trace-save`` asked for."""
+
+    entries: int
+    save: str | None
+
+
+def start(trace: TraceRequest | None) -> TraceRecorder | None:
+    """A recorder already recording, or None (not asked, or it cannot: then one line says why)."""
+    if trace is None:
+        return None
+    try:
+        recorder = TraceRecorder(trace.entries)
+        reason = recorder.start()
+    except (Exception, KeyboardInterrupt) as error:
+        complain("--trace could not start", error)
+        return None
+    if reason is not None:
+        print(f"gpumem: --trace: {reason}; the cell runs without a trace.")
+        return None
+    return recorder
+
+
+def stop(recorder: TraceRecorder | None) -> CellSnapshot | None:
+    """Stop recording (restoring the user's own setting); the snapshot, or None."""
+    if recorder is None:
+        return None
+    try:
+        return recorder.stop()
+    except (Exception, KeyboardInterrupt) as error:
+        complain("--trace could not read the allocation history", error)
+        return None
+
+
+def cell_numbers(shell: Any) -> dict[str, int]:
+    """IPython's cell filenames (``/tmp/ipykernel_1/2.py``) -> execution counts, from its compiler."""
+    found = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if not isinstance(found, dict):
+        return {}
+    return {str(name): number for name, number in found.items() if isinstance(number, int)}
+
+
+def show(taken: CellSnapshot | None, trace: TraceRequest | None, shell: Any, cell: int | None, quiet: bool) -> None:
+    """Save the snapshot if asked, then show the report under the cell (unless ``quiet``)."""
+    if taken is None or trace is None:
+        return
+    saved = None
+    if trace.save:
+        try:
+            saved = save_snapshot(taken.snapshot, trace.save)
+        except (Exception, KeyboardInterrupt) as error:
+            complain(f"could not save the trace to {trace.save}", error)
+    if quiet:
+        return
+    try:
+        report = build_report(taken, cell_numbers=cell_numbers(shell), cell=cell)
+        if saved is not None:
+            report.notes.append(f"Snapshot saved to {saved} (PyTorch's memory_viz opens it).")
+        display(report)
+    except (Exception, KeyboardInterrupt) as error:
+        complain("could not show the trace", error)

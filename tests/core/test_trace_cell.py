@@ -1,0 +1,86 @@
+"""``%%gpumem --trace`` in the real IPython shell, with real torch (the CPU build here): the one line
+saying why a cell cannot be traced, the cell still run and still measured; the options refused alone."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.ipython.trace_cell import cell_numbers
+from gpumem.testing import FakeSource
+
+NO_CUDA = (
+    "gpumem: --trace: no CUDA device is available to PyTorch (torch.cuda.is_available() is False); "
+    "the cell runs without a trace."
+)
+
+
+@pytest.fixture
+def shell(ip: Any) -> Iterator[Any]:
+    set_default_monitor(Monitor(FakeSource(devices=1)))
+    assert ip.run_cell("%load_ext gpumem").success
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def test_without_cuda_one_line_and_the_cell_runs(shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this test is about a machine without CUDA")
+    shell.user_ns["torch"] = torch
+    result, cap = run_cell_capture(shell, "%%gpumem --trace\nx = torch.ones(3).sum().item()\nx")
+    assert result.success
+    assert result.result == 3.0
+    assert cap.stdout.splitlines()[0] == NO_CUDA
+    assert cap.stdout.count("gpumem:") == 1
+    pages = [output.data.get("text/html", "") for output in cap.outputs]
+    assert any("gpumem-report" in page for page in pages)  # the cell is still measured and reported
+    assert not any("gpumem-trace" in page for page in pages)
+
+
+def test_without_torch_imported(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    result, cap = run_cell_capture(shell, "%%gpumem --trace-save out.pickle\ny = 41 + 1")
+    assert result.success
+    assert shell.user_ns["y"] == 42
+    assert "import torch in an earlier cell to trace this one" in cap.stdout
+    assert cap.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--trace-entries 0", "--trace-entries must be 1 or more, not 0"),
+        ("--trace-entries many", "invalid int value"),
+    ],
+)
+def test_bad_trace_options_are_refused_and_the_body_does_not_run(shell: Any, line: str, message: str) -> None:
+    result, cap = run_cell_capture(shell, f"%%gpumem {line}\nz = 1")
+    assert "z" not in shell.user_ns
+    assert message in cap.stderr + cap.stdout + str(result.error_in_exec or "")
+
+
+def test_help_lists_the_trace_options(shell: Any) -> None:
+    from gpumem.ipython.cell_magic import cell_usage
+
+    text = cell_usage.__doc__ or ""
+    for option in ("--trace ", "--trace-entries", "--trace-save"):
+        assert option in text
+
+
+def test_cell_numbers_come_from_ipythons_compiler(shell: Any) -> None:
+    assert shell.run_cell("def f():\n    return 1", store_history=True).success
+    numbers = cell_numbers(shell)
+    assert 1 in numbers.values()
+    name = [name for name, number in numbers.items() if number == 1][-1]  # the latest cell 1
+    import linecache
+
+    assert linecache.getline(name, 2).strip() == "return 1"

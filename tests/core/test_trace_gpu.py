@@ -1,0 +1,144 @@
+"""``%%gpumem --trace`` on a real CUDA GPU: sites of known allocations, a loop's transient under
+"temporary" and at the peak, and the user's own recording left as it was. Bytes are exact: every
+size here is a multiple of 512 B, so the requested size the trace records is the block's size."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.trace import TraceRecorder
+from gpumem.core.trace.analysis import analyse_snapshot
+
+pytestmark = pytest.mark.gpu
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def gpu(ip: Any) -> Iterator[Any]:
+    torch = pytest.importorskip("torch")
+    ip.user_ns["torch"] = torch
+    assert ip.run_cell("torch.zeros(1, device='cuda:0'); torch.cuda.synchronize(0)").success
+    gc.collect()
+    torch.cuda.empty_cache()
+    set_default_monitor(Monitor())
+    assert ip.run_cell("%load_ext gpumem").success
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+        ip.reset(new_session=False)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def trace_text(cap: Any) -> str:
+    texts = [output.data.get("text/plain", "") for output in cap.outputs]
+    found = [text for text in texts if text.startswith("gpumem trace of")]
+    assert len(found) == 1, texts
+    return found[0]
+
+
+def section(text: str, title: str) -> str:
+    """The rows under one of the three headings."""
+    lines = text.splitlines()
+    start = next(position for position, line in enumerate(lines) if line.strip().startswith(title))
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("    "):
+            break
+        rows.append(line.strip())
+    return "\n".join(rows)
+
+
+def test_helper_in_a_cell_is_attributed_to_its_line(gpu: Any, tmp_path: Path) -> None:
+    define = "def make(n):\n    return torch.empty(n, dtype=torch.uint8, device='cuda:0')"
+    assert run_cell_capture(gpu, define)[0].success  # cell [1]
+    saved = tmp_path / "cell.pickle"
+    result, cap = run_cell_capture(gpu, f"%%gpumem --trace-save {saved}\nx = make(64 << 20)")  # cell [2]
+    assert result.success
+    text = trace_text(cap)
+    assert text.startswith("gpumem trace of cell [2]")
+    left = section(text, "Left behind by the cell")
+    assert left.splitlines() == ["64.0 MiB  cell [1] line 2 in make"]
+    assert "64.0 MiB  cell [1] line 2 in make" in section(text, "Alive at the cell's peak")
+    assert section(text, "Temporary").splitlines() == ["nothing"]
+    html = cap.outputs[-1].data["text/html"]
+    assert "cell [2] line 2 in &lt;module&gt;" in html  # the stack goes on to the line that called make
+    with saved.open("rb") as file:
+        snapshot = pickle.load(file)
+    [trace] = analyse_snapshot(snapshot)
+    assert [usage.bytes for usage in trace.left] == [64 * MIB]
+    assert trace.left[0].site.label == "cell [1] line 2 in make"  # the terminal shell's '<ipython-input-1-...>'
+    assert trace.peak_bytes == trace.start_bytes + 64 * MIB
+    torch = gpu.user_ns["torch"]
+    assert not torch._C._cuda_isHistoryEnabled()  # recording is off again
+
+
+def test_loop_transient_is_temporary_and_at_the_peak(gpu: Any) -> None:
+    cell = (
+        "%%gpumem --trace\n"
+        "for _ in range(3):\n"
+        "    t = torch.empty(32 << 20, dtype=torch.uint8, device='cuda:0')\n"
+        "    del t\n"
+    )
+    result, cap = run_cell_capture(gpu, cell)  # cell [1]
+    assert result.success
+    text = trace_text(cap)
+    assert section(text, "Temporary").splitlines() == ["96.0 MiB  cell [1] line 3 in <module>  (3 blocks)"]
+    peak = section(text, "Alive at the cell's peak")
+    assert "32.0 MiB  cell [1] line 3 in <module>" in peak
+    assert section(text, "Left behind by the cell").splitlines() == ["nothing"]
+
+
+def test_the_users_recording_is_kept_with_their_entries(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=10_000)
+    try:
+        theirs = torch.empty(1 * MIB, dtype=torch.uint8, device="cuda:0")
+        address = theirs.untyped_storage().data_ptr()
+        result, cap = run_cell_capture(
+            gpu, "%%gpumem --trace\nmine = torch.empty(2 << 20, dtype=torch.uint8, device='cuda:0')"
+        )
+        assert result.success
+        assert torch._C._cuda_isHistoryEnabled()  # still recording
+        entries = torch.cuda.memory._snapshot()["device_traces"][0]
+        assert any(entry["action"] == "alloc" and entry["addr"] == address for entry in entries)  # theirs kept
+        text = trace_text(cap)
+        assert "Your own recording of allocation history was on" in text
+        assert section(text, "Left behind by the cell").splitlines() == ["2.0 MiB  cell [1] line 2 in <module>"]
+        del theirs
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def test_recorder_alone_exact_bytes() -> None:
+    torch = pytest.importorskip("torch")
+
+    def helper() -> Any:
+        return torch.empty(8 * MIB, dtype=torch.uint8, device="cuda:0")
+
+    recorder = TraceRecorder()
+    assert recorder.start() is None
+    kept = helper()
+    for _ in range(4):
+        scratch = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda:0")
+        del scratch
+    taken = recorder.stop()
+    assert taken is not None
+    [trace] = analyse_snapshot(taken.snapshot)
+    assert [usage.bytes for usage in trace.left] == [8 * MIB]
+    assert trace.left[0].site.label.endswith("in helper")
+    assert [(usage.bytes, usage.count) for usage in trace.temporary] == [(16 * MIB, 4)]
+    assert trace.peak_bytes == trace.start_bytes + 12 * MIB
+    assert {usage.bytes for usage in trace.at_peak} == {8 * MIB, 4 * MIB}
+    del kept
