@@ -282,8 +282,13 @@ class Walker:
                 self._named(local_items, len(local_items), where, depth, rank, TENSORS)
 
     def module(self, module: Any, path: str, depth: int, rank: int) -> None:
-        """Every parameter, gradient and buffer of the module tree, plus tensors in its own attributes."""
+        """Every parameter, gradient and buffer of the module tree, then the tensors in its modules' attributes.
+
+        Parameters and buffers come first, so that an attribute viewing one (``self.w_t = self.proj.weight.T``)
+        counts as the parameter, not as an attribute.
+        """
         member_rank = rank + 1
+        tree: list[tuple[dict[str, Any], str]] = []
         stack: list[tuple[Any, str]] = [(module, path)]
         while stack:
             current, where = stack.pop()
@@ -291,8 +296,10 @@ class Walker:
             own = own_dict(current)
             if own is None:
                 continue
+            tree.append((own, where))
             self._module_tensors(own, where, member_rank)
             stack.extend(self._unvisited_children(own, where))
+        for own, where in tree:
             for name, value in stable_list(own.items):
                 if name not in MODULE_INTERNALS and type(value) not in ATOMIC_TYPES:
                     self._module_attribute_value(value, f"{where}.{name}", depth + 1, member_rank)
