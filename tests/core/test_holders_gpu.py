@@ -327,3 +327,78 @@ def test_device_used_split_reconciles_with_nvml() -> None:
     assert split.used_bytes == split.reserved_bytes + split.outside_torch_bytes + split.other_bytes  # type: ignore[operator]
     assert split.outside_torch_bytes is not None and 100 * MIB <= split.outside_torch_bytes <= 4 * GIB  # a CUDA context
     del keep
+def test_a_module_attribute_cache_is_named_with_its_exact_size(cuda_ip: Any) -> None:
+    from gpumem.core.holders import OTHER, PARAMETERS, find_holders
+
+    ip = cuda_ip
+    run_cell_capture(
+        ip,
+        "class BadAttention(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.proj = torch.nn.Linear(1024, 1024, bias=False)  # 4 MiB\n"
+        "    def forward(self, x):\n"
+        "        h = self.proj(x)\n"
+        "        self.cache = h @ h.T  # 8192 x 8192 float32: 256 MiB kept after forward returns\n"
+        "        return h\n"
+        "att = BadAttention().to('cuda:0')\n"
+        "with torch.no_grad():\n"
+        "    out = att(torch.randn(8192, 1024, device='cuda:0'))\n"
+        "del out\n"
+        "torch.cuda.synchronize()",
+        raise_on_error=True,
+    )
+    report = find_holders(ip.user_ns, device="cuda:0", shell=ip)
+    att = next(row for row in report.holders if row.name == "att")
+    assert att.nbytes == 260 * MIB
+    assert att.breakdown == {PARAMETERS: 4 * MIB, OTHER: 256 * MIB}
+    assert att.note == "att.cache 256.0 MiB (tensor attribute of a module, not a parameter or buffer)"
+    _, captured = run_cell_capture(ip, "%gpumem who")
+    assert "att.cache 256.0 MiB (tensor attribute of a module, not a parameter or buffer)" in text_of(captured)
+    run_cell_capture(ip, "del att, BadAttention")
+
+
+def test_a_tensor_kept_by_a_closure_is_named(cuda_ip: Any) -> None:
+    from gpumem.core.holders import find_holders
+
+    ip = cuda_ip
+    baseline = allocated()
+    run_cell_capture(
+        ip,
+        "def make():\n"
+        "    t = torch.empty(300 * 2**20, dtype=torch.uint8, device='cuda:0')\n"
+        "    return lambda: t.shape\n"
+        "f = make()",
+        raise_on_error=True,
+    )
+    assert allocated() - baseline == 300 * MIB
+    report = find_holders(ip.user_ns, device="cuda:0", shell=ip)
+    assert [(row.name, row.nbytes) for row in report.holders] == [("f", 300 * MIB)]
+    assert report.holders[0].complete
+    _, captured = run_cell_capture(ip, "%gpumem who")
+    assert "300.0 MiB" in text_of(captured)
+    run_cell_capture(ip, "del f, make")
+    assert allocated() == baseline
+
+
+def test_a_deleted_model_is_named_under_its_optimizer(cuda_ip: Any) -> None:
+    from gpumem.core.holders import GRADIENTS, OPTIMIZER_STATE, PARAMETERS, find_holders
+
+    ip = cuda_ip
+    run_cell_capture(
+        ip,
+        "model = torch.nn.Linear(2048, 2048).to('cuda:0')\n"
+        "opt = torch.optim.AdamW(model.parameters())\n"
+        "model(torch.randn(64, 2048, device='cuda:0')).sum().backward()\n"
+        "opt.step()\n"
+        "del model  # the optimizer still keeps the parameters, their gradients and its state\n"
+        "torch.cuda.synchronize()",
+        raise_on_error=True,
+    )
+    params = (2048 * 2048 + 2048) * 4
+    report = find_holders(ip.user_ns, device="cuda:0", shell=ip)
+    assert [row.name for row in report.holders] == ["opt"]
+    opt = report.holders[0]
+    assert opt.breakdown == {PARAMETERS: params, GRADIENTS: params, OPTIMIZER_STATE: 2 * params}
+    assert opt.nbytes == 4 * params
+    run_cell_capture(ip, "del opt")

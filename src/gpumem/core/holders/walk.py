@@ -2,7 +2,8 @@
 
 Containers are read through their built-in base methods and copied before they are walked (another
 thread may be changing them); ``nn.Module`` and optimizers are read by their own rules at any depth,
-so that their tensors are categorized; everything else through its own ``__dict__`` and slots.
+so that their tensors are categorized; user code (functions, methods, suspended generators, classes)
+through what it keeps alive (:mod:`~.callables`); everything else through its own ``__dict__`` and slots.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
+from gpumem.core.holders.callables import Members, code_reader
+from gpumem.core.holders.hints import module_attribute_note
 from gpumem.core.holders.model import (
     BUFFERS,
     GRADIENTS,
@@ -63,7 +66,18 @@ class Edge(NamedTuple):
 class Root:
     """What one name reaches: the best (lowest rank) edge to every storage."""
 
-    __slots__ = ("graph_paths", "hidden", "name", "note", "order", "param_of_state", "reach", "tensor_ids", "type_name")
+    __slots__ = (
+        "attribute_paths",
+        "graph_paths",
+        "hidden",
+        "name",
+        "note",
+        "order",
+        "param_of_state",
+        "reach",
+        "tensor_ids",
+        "type_name",
+    )
 
     def __init__(self, name: str, type_name: str, order: int, hidden: bool, note: str = "") -> None:
         self.name = name
@@ -75,6 +89,8 @@ class Root:
         self.tensor_ids: set[int] = set()
         self.graph_paths: list[str] = []
         self.param_of_state: dict[StorageKey, StorageKey] = {}
+        # Storages reached best through a module attribute that is no parameter or buffer -> that attribute's path.
+        self.attribute_paths: dict[StorageKey, str] = {}
 
 
 class Walker:
@@ -103,6 +119,7 @@ class Walker:
         self._ticks = 0
         self.root: Root = Root("", "", 0, hidden=False)
         self.visited: set[int] = set()
+        self._module_attribute: str | None = None  # the module attribute being walked (its path), if any
 
     # -- budget ------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -131,7 +148,14 @@ class Walker:
             self.tensor(obj, path, rank, category)
             return
         oid = id(obj)
-        if oid in self.visited or is_opaque(cls) or self._visit_torch_owner(obj, cls, path, depth, rank):
+        if oid in self.visited:
+            return
+        if is_opaque(cls):  # code is opaque to the generic walk: only its own reader enters it
+            reader = code_reader(cls)
+            if reader is not None:
+                self._code(obj, reader, path, depth, rank, category)
+            return
+        if self._visit_torch_owner(obj, cls, path, depth, rank):
             return
         if depth >= self.max_depth:
             self._note_depth(path)
@@ -150,6 +174,20 @@ class Walker:
             self.optimizer(obj, path, depth, rank)
             return True
         return False
+
+    def _code(self, obj: Any, reader: Any, path: str, depth: int, rank: int, category: str) -> None:
+        """What a function, method, generator or class keeps alive, one level deeper (like a container)."""
+        if depth >= self.max_depth:
+            self._note_depth(path)
+            return
+        self.visited.add(id(obj))
+        members: Members = reader(obj)
+        if members is None:
+            self.incomplete.add(id(self.root))
+            self.truncation.append(f"{path} was running during the walk; its locals were not read")
+            return
+        for label, value in members:
+            self.visit(value, f"{path}{label}", depth + 1, rank + 1, category)
 
     def _enter(self, obj: Any, cls: type, path: str, depth: int, rank: int, category: str) -> None:
         """Walk the members of ``obj``; ``depth`` and ``rank`` are already the members'."""
@@ -245,8 +283,13 @@ class Walker:
                 self._named(local_items, len(local_items), where, depth, rank, TENSORS)
 
     def module(self, module: Any, path: str, depth: int, rank: int) -> None:
-        """Every parameter, gradient and buffer of the module tree, plus tensors in its own attributes."""
+        """Every parameter, gradient and buffer of the module tree, then the tensors in its modules' attributes.
+
+        Parameters and buffers come first, so that an attribute viewing one (``self.w_t = self.proj.weight.T``)
+        counts as the parameter, not as an attribute.
+        """
         member_rank = rank + 1
+        tree: list[tuple[dict[str, Any], str]] = []
         stack: list[tuple[Any, str]] = [(module, path)]
         while stack:
             current, where = stack.pop()
@@ -254,11 +297,21 @@ class Walker:
             own = own_dict(current)
             if own is None:
                 continue
+            tree.append((own, where))
             self._module_tensors(own, where, member_rank)
             stack.extend(self._unvisited_children(own, where))
+        for own, where in tree:
             for name, value in stable_list(own.items):
                 if name not in MODULE_INTERNALS and type(value) not in ATOMIC_TYPES:
-                    self.visit(value, f"{where}.{name}", depth + 1, member_rank, OTHER)
+                    self._module_attribute_value(value, f"{where}.{name}", depth + 1, member_rank)
+
+    def _module_attribute_value(self, value: Any, path: str, depth: int, rank: int) -> None:
+        """A module attribute that is no parameter, buffer or submodule (a cached tensor, a list of them)."""
+        outer, self._module_attribute = self._module_attribute, path
+        try:
+            self.visit(value, path, depth, rank, OTHER)
+        finally:
+            self._module_attribute = outer
 
     def _module_tensors(self, own: dict[str, Any], where: str, rank: int) -> None:
         for attribute, category in (("_parameters", PARAMETERS), ("_buffers", BUFFERS)):
@@ -343,6 +396,10 @@ class Walker:
             edge = root.reach.get(key)
             if edge is None or rank < edge.rank:
                 root.reach[key] = Edge(rank, category, path)
+                if self._module_attribute is not None and category == OTHER:
+                    root.attribute_paths[key] = self._module_attribute
+                elif root.attribute_paths:
+                    root.attribute_paths.pop(key, None)
         try:
             has_graph = tensor.grad_fn is not None  # the graph keeps the tensors it saved alive
             gradient = tensor.grad if not has_graph and tensor.requires_grad else None  # a non-leaf's .grad warns
@@ -376,3 +433,7 @@ def walk_root(walker: Walker, root: Root, objects: Iterable[Any], rank: int) -> 
     except Exception as error:  # e.g. a container whose copy kept failing, or a hostile object
         walker.incomplete.add(id(root))
         walker.truncation.append(f"{root.name} not fully walked ({type(error).__name__}: {error})")
+    finally:
+        if root.attribute_paths:
+            note = module_attribute_note(root.attribute_paths, walker.sizes)
+            root.note = f"{root.note}; {note}" if root.note else note
