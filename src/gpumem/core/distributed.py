@@ -38,8 +38,10 @@ class RankReport(NamedTuple):
 
     def imbalance_text(self) -> str:
         peaks = self.peaks()
-        if len(peaks) < 2 or not any(peaks.values()):  # noqa: PLR2004 - imbalance needs two ranks
-            return "imbalance: no CUDA peaks to compare" if peaks else ""
+        if len(peaks) < 2:  # noqa: PLR2004 - an imbalance needs two ranks
+            return ""
+        if not any(peaks.values()):
+            return "imbalance: no CUDA peaks to compare"
         high = max(peaks, key=lambda rank: peaks[rank])
         low = min(peaks, key=lambda rank: peaks[rank])
         spread = peaks[high] - peaks[low]

@@ -156,7 +156,7 @@ class MemoryReport:
         if self.ranks is not None:
             sections.append((f"memory per rank ({len(self.ranks.ranks)} ranks)", _RANK_HEADER,
                              _rank_rows(self.ranks.ranks, notes)))  # fmt: skip
-            extra.append(self.ranks.imbalance_text())
+            extra += [line for line in (self.ranks.imbalance_text(),) if line]
         return sections, notes, extra
 
     def __str__(self) -> str:

@@ -59,21 +59,25 @@ def _script_traceback(tb: TracebackType | None, script: str) -> TracebackType | 
     return current if current is not None else tb
 
 
-def _run(path: Path, argv: list[str]) -> int:
+def _show(error: BaseException, script: str) -> None:
+    """What Python prints for an uncaught exception (through the script's own excepthook, if it set one)."""
+    trimmed = _script_traceback(error.__traceback__, script)
+    error.__traceback__ = trimmed  # the default hook prints the exception's own traceback
+    sys.excepthook(type(error), error, trimmed)
+
+
+def _run(path: Path, argv: list[str], given: str) -> int:
     script = str(path)
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
-    sys.argv = [script, *argv]
+    sys.argv = [given, *argv]  # as python sets it: the script as it was named on the command line
     sys.path.insert(0, str(path.parent))
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         return _exit_code(exit_.code)
-    except KeyboardInterrupt as error:
-        sys.excepthook(type(error), error, _script_traceback(error.__traceback__, script))
-        return INTERRUPTED_EXIT
     except BaseException as error:
-        sys.excepthook(type(error), error, _script_traceback(error.__traceback__, script))
-        return 1
+        _show(error, script)
+        return INTERRUPTED_EXIT if isinstance(error, KeyboardInterrupt) else 1
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == str(path.parent) and saved_path0 != sys.path[0]:
@@ -109,7 +113,7 @@ def run_script(
     monitor.start()
     code = 1
     try:
-        code = _run(path, argv)
+        code = _run(path, argv, script)
     finally:
         record = session.point("end")
         session.close()
