@@ -130,9 +130,15 @@ def test_nested_scopes_each_have_an_exact_peak_in_every_iteration(mon: Monitor, 
 
 
 def test_a_scope_left_by_an_exception_is_recorded_and_the_exception_goes_on(mon: Monitor, fake: FakeSource) -> None:
-    with pytest.raises(ZeroDivisionError), mon.track("bad") as scope:
-        fake.transient(GIB)
-        1 / 0  # noqa: B018
+    scope = mon.track("bad")
+
+    def failing_block() -> None:
+        with scope:
+            fake.transient(GIB)
+            1 / 0  # noqa: B018
+
+    with pytest.raises(ZeroDivisionError):
+        failing_block()
     assert scope.record is not None and scope.record.error == "ZeroDivisionError: division by zero"
     assert cuda0(scope.record).peak_allocated_bytes == GIB
     assert "bad (raised)" in text_of(mon)
@@ -293,3 +299,19 @@ def test_stop_ends_the_open_intervals(fake: FakeSource) -> None:
     assert RUNNING.others_running(object())  # type: ignore[arg-type]
     mon.stop()
     assert not RUNNING.others_running(object())  # type: ignore[arg-type]
+
+
+def test_in_ipython_the_report_is_displayed_as_html_and_not_printed(ip) -> None:
+    from _harness import run_cell_capture
+
+    ip.run_cell("from gpumem.core.monitor import Monitor\nfrom gpumem.testing import FakeSource")
+    ip.run_cell("mon = Monitor(FakeSource())\nmon.snapshot('before_model')\nmon.snapshot('after_model')")
+    try:
+        result, cap = run_cell_capture(ip, "mon.report()")
+        assert result.success
+        assert cap.stdout.startswith("Out[")  # shown once, by IPython, as the cell's result
+        assert cap.stdout.count("before_model") == 1
+        html = result.result._repr_html_()
+        assert "before_model" in html and "<table" in html
+    finally:
+        ip.run_cell("mon.stop()")

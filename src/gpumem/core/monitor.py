@@ -140,11 +140,12 @@ class Monitor:
         return self.recorder.track(label)
 
     def report(self, *, file: Any = None, title: str = "gpumem") -> MemoryReport:
-        """The tags, scopes and gathered ranks. Outside IPython it is also written to ``file`` (stdout)."""
-        report = self.recorder.report(title)
-        from gpumem.core.runtime import ipython_shell
+        """The tags, scopes and gathered ranks, as an object that IPython and Jupyter display (HTML there).
 
-        if file is not None or ipython_shell() is None:
+        Where nothing displays returned values (a script), the text is written to ``file`` (stdout) too.
+        """
+        report = self.recorder.report(title)
+        if file is not None or not _shows_results():
             (file if file is not None else sys.stdout).write(str(report))
         return report
 
@@ -217,6 +218,11 @@ class Monitor:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _shows_results() -> bool:
+    """Whether a returned value gets displayed: an interactive prompt, or IPython's own display hook."""
+    return hasattr(sys, "ps1") or sys.displayhook is not sys.__displayhook__
 
 
 _SOURCE_METHODS = ("snapshot", "cuda_devices", "device_info", "reset_peaks", "empty_cache", "status")
