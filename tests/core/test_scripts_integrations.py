@@ -76,13 +76,16 @@ def test_huggingface_callback_adds_metrics_to_the_logs() -> None:
     assert state.log_history[-1]["gpumem/cuda0/peak_allocated_bytes"] == 3 * MIB
 
     class Handler:
-        callbacks: list[Any] = ["reporter"]
+        def __init__(self) -> None:
+            self.callbacks: list[Any] = ["reporter"]
 
     class Trainer:
-        callback_handler = Handler()
+        def __init__(self) -> None:
+            self.callback_handler = Handler()
 
-    attached = attach(Trainer())
-    assert Trainer.callback_handler.callbacks[0] is attached  # ahead of the reporters
+    trainer = Trainer()
+    attached = attach(trainer)
+    assert trainer.callback_handler.callbacks == [attached, "reporter"]  # ahead of the reporters
 
 
 def test_the_integrations_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,6 +128,9 @@ class Monitor:
     @property
     def recorder(self) -> ScriptRecorder:
         """Tags, scopes and step metrics (made on first use)."""
+        recorder = self._recorder  # the per-step path: no lock once it exists
+        if recorder is not None:
+            return recorder
         with self._recorder_lock:
             if self._recorder is None:
                 from gpumem.core.recorder import ScriptRecorder

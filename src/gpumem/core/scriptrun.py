@@ -66,13 +66,14 @@ def _show(error: BaseException, script: str) -> None:
     sys.excepthook(type(error), error, trimmed)
 
 
-def _run(path: Path, argv: list[str], given: str) -> int:
+def _run(path: Path, argv: list[str], given: str, kept: list[dict[str, Any]]) -> int:
+    """Run the script; its globals go into ``kept`` so that what it left alive is still alive at the report."""
     script = str(path)
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [given, *argv]  # as python sets it: the script as it was named on the command line
     sys.path.insert(0, str(path.parent))
     try:
-        runpy.run_path(script, run_name="__main__")
+        kept.append(runpy.run_path(script, run_name="__main__"))
     except SystemExit as exit_:
         return _exit_code(exit_.code)
     except BaseException as error:
@@ -112,8 +113,9 @@ def run_script(
     started = time.monotonic()
     monitor.start()
     code = 1
+    kept: list[dict[str, Any]] = []  # as under python, the script's globals live until after the report
     try:
-        code = _run(path, argv, script)
+        code = _run(path, argv, script, kept)
     finally:
         record = session.point("end")
         session.close()
@@ -152,7 +154,7 @@ def session_text(result: SessionResult) -> str:
         peak = format_bytes(host.peak_rss_bytes) if host.peak_exact else f"≥ {format_bytes(host.peak_rss_bytes)}"
         lines.append(f"  host: peak RSS {peak}; at exit {format_bytes(host.rss_bytes)}")
     lines.append(
-        f"  timeline: {record.duration_s:.1f} s, {result.samples} samples "
+        f"  timeline: {record.duration_s:.1f} s, {result.samples} sample{'' if result.samples == 1 else 's'} "
         f"({result.mean_sample_s * 1e3:.2f} ms each on average)"
     )
     return "\n".join(lines) + "\n"
