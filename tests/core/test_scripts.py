@@ -68,7 +68,11 @@ def test_the_guides_flow_on_the_host_source_without_cuda() -> None:
         mon.stop()
 
 
-def test_report_prints_in_a_script_and_returns_the_object(mon: Monitor, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_prints_in_a_script_and_returns_the_object(
+    mon: Monitor, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(sys, "ps1", raising=False)  # an IPython shell made by an earlier test sets it
+    monkeypatch.setattr(sys, "displayhook", sys.__displayhook__)
     mon.snapshot("only")
     report = mon.report()
     assert "only" in capsys.readouterr().out

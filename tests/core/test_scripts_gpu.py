@@ -156,3 +156,54 @@ def test_gpumem_run_reports_the_exact_peak_of_a_cuda_script(tmp_path: Path) -> N
     assert done.stdout == "done\n"
     assert "cuda:0: peak allocated 1.0 GiB" in done.stderr  # exact: no "≥"
     assert "at exit 256.0 MiB allocated" in done.stderr
+
+
+NCCL_JOB = """
+    import json, os, sys
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+    from gpumem.core.monitor import Monitor
+
+    def worker(rank, world, out):
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+        mon = Monitor(warn_at=None)
+        mon.snapshot("start")
+        block = torch.empty((rank + 1) << 30, dtype=torch.uint8, device=f"cuda:{rank}")
+        del block
+        mon.snapshot("end")
+        report = mon.gather()
+        if rank == 0:
+            peaks = {str(r.rank): [d.peak_allocated_bytes for d in r.devices if d.device == r.rank]
+                     for r in report.ranks}
+            with open(out, "w") as file:
+                json.dump({"peaks": peaks, "text": str(mon.recorder.report())}, file)
+        mon.stop()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2, sys.argv[1]), nprocs=2)
+"""
+
+
+def test_gather_over_nccl_on_two_gpus(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:  # NCCL needs a GPU per rank
+        pytest.skip("needs two CUDA devices (NCCL cannot put two ranks on one GPU)")
+    import json
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(NCCL_JOB))
+    out = tmp_path / "rank0.json"
+    env = {**os.environ, "PYTHONPATH": SRC, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=240, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    peak0, peak1 = result["peaks"]["0"][0], result["peaks"]["1"][0]
+    assert peak1 - peak0 == GIB  # each rank's own exact peak, gathered over NCCL
+    assert "memory per rank (2 ranks)" in result["text"] and "imbalance: rank 1" in result["text"]

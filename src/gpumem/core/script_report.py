@@ -14,7 +14,9 @@ from gpumem.core.units import format_bytes
 
 __all__ = ["MemoryReport", "report_rows"]
 
-_TAG_HEADER = ("tag", "device", "allocated", "reserved", "peak allocated", "peak reserved", "host RSS", "host peak")
+_TAG_HEADER = (
+    "tag", "device", "allocated", "reserved", "peak allocated", "peak reserved", "GPU used", "host RSS", "host peak",
+)  # fmt: skip
 _SCOPE_HEADER = ("scope", "device", "allocated", "peak allocated", "peak reserved", "host peak", "time")
 _RANK_HEADER = ("rank", "host", "device", "allocated", "peak allocated", "peak reserved", "host peak")
 
@@ -46,6 +48,13 @@ def _host_cells(record: SpanRecord) -> tuple[str, str]:
     return format_bytes(host.rss_bytes), peak if host.peak_exact else f"≥ {peak}"
 
 
+def _used_text(device: DeviceFigures) -> str:
+    """NVML's use of the whole device (every process), of its total."""
+    if device.used_bytes is None or device.total_bytes is None:
+        return "n/a"
+    return f"{format_bytes(device.used_bytes)} / {format_bytes(device.total_bytes)}"
+
+
 def _device_rows(record: SpanRecord) -> Sequence[DeviceFigures | None]:
     return record.devices or (None,)
 
@@ -56,7 +65,7 @@ def _tag_rows(tags: Sequence[SpanRecord], notes: _Notes) -> list[tuple[str, ...]
         rss, rss_peak = _host_cells(record)
         for device in _device_rows(record):
             if device is None:
-                rows.append((record.label, "(no CUDA)", "", "", "", "", rss, rss_peak))
+                rows.append((record.label, "(no CUDA)", "", "", "", "", "", rss, rss_peak))
                 continue
             rows.append(
                 (
@@ -66,6 +75,7 @@ def _tag_rows(tags: Sequence[SpanRecord], notes: _Notes) -> list[tuple[str, ...]
                     format_bytes(device.reserved_bytes),
                     notes.peak(device.peak_allocated_bytes, device.peak_exact, device.peak_note),
                     notes.peak(device.peak_reserved_bytes, device.peak_exact, device.peak_note),
+                    _used_text(device),
                     rss,
                     rss_peak,
                 )
