@@ -14,8 +14,12 @@ if TYPE_CHECKING:
     from gpumem.core.monitor import Monitor
 
 __all__ = [
+    "CsvWriter",
+    "JsonlWriter",
     "Monitor",
     "Panel",
+    "TensorBoardWriter",
+    "ThresholdEvent",
     "__version__",
     "free",
     "history",
@@ -79,6 +83,14 @@ def __getattr__(name: str) -> Any:
         from gpumem.core.monitor import Monitor
 
         return Monitor
+    if name in ("CsvWriter", "JsonlWriter", "TensorBoardWriter"):
+        from gpumem.core import writers
+
+        return getattr(writers, name)
+    if name == "ThresholdEvent":
+        from gpumem.core.thresholds import ThresholdEvent
+
+        return ThresholdEvent
     if name == "Panel":
         from gpumem.panel.widget import Panel
 

@@ -6,19 +6,26 @@ however many panels are open, one thread samples.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, overload
 
 from gpumem.core.readings import Snapshot
 from gpumem.core.sampler import DEFAULT_RATE_HZ, Sampler
 from gpumem.core.sources import MemorySource, SystemSource
+from gpumem.core.thresholds import DEFAULT_WARN_FRACTION, ThresholdEvent, Thresholds, ThresholdWatch
 from gpumem.core.timeline import DEFAULT_LEVELS, Level, Timeline
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11 on
+
+    from gpumem.core.recorder import Scope, ScriptRecorder
+    from gpumem.core.script_report import MemoryReport
+    from gpumem.core.spans import SpanRecord
+    from gpumem.core.writers import MetricsWriter
 
 __all__ = ["Monitor", "default_monitor", "set_default_monitor"]
 
@@ -29,6 +36,10 @@ class Monitor:
     >>> with Monitor() as monitor:   # doctest: +SKIP
     ...     train()
     >>> monitor.timeline.window()    # doctest: +SKIP
+
+    In scripts: ``snapshot("after_model")`` records a tagged reading, ``track("forward")`` measures a
+    block, ``every(100)`` / ``step()`` log step metrics, ``report()`` shows them all. ``warn_at``: warn
+    (once per crossing) when a device is that full while the sampler runs; None: no warning.
     """
 
     def __init__(
@@ -36,6 +47,8 @@ class Monitor:
         source: MemorySource | None = None,
         rate_hz: float = DEFAULT_RATE_HZ,
         levels: Sequence[Level] = DEFAULT_LEVELS,
+        *,
+        warn_at: float | None = DEFAULT_WARN_FRACTION,
     ) -> None:
         if source is not None:
             _check_source(source)
@@ -45,6 +58,11 @@ class Monitor:
         self._users_lock = threading.Lock()
         self._users: set[Hashable] = set()
         self._started_explicitly = False
+        self.thresholds = Thresholds(self._capacity)
+        self.thresholds.warn_at(warn_at)
+        self.sampler.add_listener(self.thresholds.listen)
+        self._recorder: ScriptRecorder | None = None
+        self._recorder_lock = threading.Lock()
 
     def start(self) -> Self:
         """Sample until :meth:`stop`, whatever shared users acquire and release meanwhile."""
@@ -54,11 +72,16 @@ class Monitor:
         return self
 
     def stop(self) -> None:
-        """Stop sampling now, whoever asked for it (scripts); shared users should ``release``."""
+        """Stop sampling now, whoever asked for it (scripts); shared users should ``release``.
+
+        Open tag and step intervals end, so other measurements may reset the peak counters again.
+        """
         with self._users_lock:
             self._users.clear()
             self._started_explicitly = False
         self.sampler.stop()
+        if self._recorder is not None:
+            self._recorder.close()
 
     def acquire(self, user: Hashable) -> None:
         """Keep the sampler running on behalf of ``user`` (a panel, automatic mode) until it releases."""
@@ -86,9 +109,100 @@ class Monitor:
     def running(self) -> bool:
         return self.sampler.running
 
-    def snapshot(self, *, process_memory: bool = False) -> Snapshot:
-        """Read everything now, on the calling thread."""
-        return self.source.snapshot(process_memory=process_memory)
+    @overload
+    def snapshot(self, tag: None = None, *, process_memory: bool = False) -> Snapshot: ...
+
+    @overload
+    def snapshot(self, tag: str, *, process_memory: bool = False) -> SpanRecord: ...
+
+    def snapshot(self, tag: str | None = None, *, process_memory: bool = False) -> Snapshot | SpanRecord:
+        """Read everything now, on the calling thread.
+
+        With a ``tag``, record the reading for :meth:`report`: allocated, reserved and the exact peaks
+        since the previous tag (this resets PyTorch's peak counters, as ``gpumem.measure`` does).
+        """
+        if tag is None:
+            return self.source.snapshot(process_memory=process_memory)
+        return self.recorder.tag(tag)
+
+    @property
+    def recorder(self) -> ScriptRecorder:
+        """Tags, scopes and step metrics (made on first use)."""
+        recorder = self._recorder  # the per-step path: no lock once it exists
+        if recorder is not None:
+            return recorder
+        with self._recorder_lock:
+            if self._recorder is None:
+                from gpumem.core.recorder import ScriptRecorder
+
+                self._recorder = ScriptRecorder(self.source, self.sampler.add_listener)
+            return self._recorder
+
+    def track(self, label: str) -> Scope:
+        """``with monitor.track("forward"):`` measures the block; scopes nest, each with its own peak."""
+        return self.recorder.track(label)
+
+    def report(self, *, file: Any = None, title: str = "gpumem") -> MemoryReport:
+        """The tags, scopes and gathered ranks, as an object that IPython and Jupyter display (HTML there).
+
+        Where nothing displays returned values (a script), the text is written to ``file`` (stdout) too.
+        """
+        report = self.recorder.report(title)
+        if file is not None or not _shows_results():
+            (file if file is not None else sys.stdout).write(str(report))
+        return report
+
+    def to_dataframe(self) -> Any:
+        """The report's rows as a pandas DataFrame (needs pandas)."""
+        return self.recorder.report().to_dataframe()
+
+    def metrics(self, prefix: str = "gpumem") -> dict[str, float]:
+        """A flat dict to log (``gpumem/cuda0/peak_allocated_bytes`` ...): now, and peaks since the last call."""
+        return self.recorder.metrics(prefix)
+
+    def step(self) -> dict[str, float] | None:
+        """Count a training step; every N-th (see :meth:`every`) returns the metrics and writes them."""
+        return self.recorder.step()
+
+    def every(self, steps: int) -> Callable[[], dict[str, float] | None]:
+        """Measure every ``steps`` steps: call the returned function (or :meth:`step`) once per step."""
+        return self.recorder.every(steps)
+
+    def add_writer(self, writer: MetricsWriter) -> MetricsWriter:
+        """Send every measured step's metrics to ``writer`` (CsvWriter, JsonlWriter, TensorBoardWriter)."""
+        self.recorder.writers.append(writer)
+        return writer
+
+    def on_threshold(
+        self, fraction: float, callback: Callable[[ThresholdEvent], object] | None = None, *, rearm: float | None = None
+    ) -> ThresholdWatch:
+        """Call ``callback(event)`` once each time a device's use crosses ``fraction`` of its capacity.
+
+        It fires again only after use falls below ``rearm`` (default 5 points lower). Checked on every
+        sample while the sampler runs; callbacks run in order on one gpumem thread, never the sampler's.
+        The first threshold replaces the default warning; without a callback, the action is that warning.
+        """
+        from gpumem.core.thresholds import warn_about
+
+        watch = ThresholdWatch(fraction, callback if callback is not None else warn_about, rearm)
+        self.thresholds.add(watch)
+        return watch
+
+    def gather(self, *, group: Any = None, all_ranks: bool = False) -> Any:
+        """Collect every rank's figures on rank 0 (on every rank with ``all_ranks``) with torch.distributed."""
+        from gpumem.core.distributed import gather
+
+        ranks = gather(self, group=group, all_ranks=all_ranks)
+        if ranks is not None:
+            self.recorder.gathered = ranks
+        return ranks
+
+    def _capacity(self, device: int) -> int | None:
+        try:
+            info = self.source.device_info(device)
+        except Exception:
+            return None
+        return info.total_bytes if info is not None else None
 
     def mark(self, label: str, time_s: float | None = None) -> None:
         """Label an instant on the timeline (the panel draws these as vertical markers)."""
@@ -107,6 +221,11 @@ class Monitor:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _shows_results() -> bool:
+    """Whether a returned value gets displayed: an interactive prompt, or IPython's own display hook."""
+    return hasattr(sys, "ps1") or sys.displayhook is not sys.__displayhook__
 
 
 _SOURCE_METHODS = ("snapshot", "cuda_devices", "device_info", "reset_peaks", "empty_cache", "status")
@@ -130,7 +249,7 @@ def default_monitor() -> Monitor:
     global _default
     with _default_lock:
         if _default is None:
-            _default = Monitor()
+            _default = Monitor(warn_at=None)  # the extension has its own capacity warnings, under the cell
         return _default
 
 
