@@ -536,3 +536,16 @@ def test_gpumem_holders_callable_from_the_package(ip: Any) -> None:
     run_cell_capture(ip, "import torch, gpumem\nt = torch.zeros(3)\nreport = gpumem.holders(device='cpu')")
     report = ip.user_ns["report"]
     assert [r.name for r in report.holders] == ["t"]
+
+
+def test_a_large_unexplained_remainder_points_to_cycles_unless_they_were_looked_for() -> None:
+    source = FakeSource()
+    source.allocate(100 * MIB)
+    report = find_holders({}, device="cuda", include_hidden=False, source=source)
+    assert "unexplained 100.0 MiB" in report.unattributed
+    assert "%gpumem who --cycles" in report.unattributed
+    small = FakeSource()
+    small.allocate(10 * MIB)
+    assert "--cycles" not in find_holders({}, device="cuda", include_hidden=False, source=small).unattributed
+    looked = find_holders({}, device="cuda", include_hidden=False, source=source, cycles=True)
+    assert "--cycles" not in looked.unattributed

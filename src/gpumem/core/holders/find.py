@@ -13,6 +13,7 @@ from gpumem.core.devices import parse_device
 from gpumem.core.holders.attribution import attribute
 from gpumem.core.holders.graphs import GraphWalker, saved_by_graphs
 from gpumem.core.holders.hidden import hidden_references, ipython_names
+from gpumem.core.holders.hints import cycle_hint
 from gpumem.core.holders.kinds import kind_totals
 from gpumem.core.holders.model import (
     DEFAULT_MAX_DEPTH,
@@ -124,7 +125,12 @@ def _report(
         holders=user_rows,
         total_bytes=total,
         hidden=hidden_rows,
-        unattributed=_unattributed_text(devices.kind, memory.allocated, unattributed_bytes, remainder),
+        unattributed=_with_cycle_hint(
+            _unattributed_text(devices.kind, memory.allocated, unattributed_bytes, remainder),
+            unattributed_bytes,
+            remainder,
+            cycles,
+        ),
         truncated=bool(walker.truncation),
         elapsed_s=time.perf_counter() - started,
         hidden_bytes=hidden_total,
@@ -224,6 +230,16 @@ def _memory_readings(source: Any, devices: DeviceFilter) -> _Memory:
     splits = tuple(split for r in readings if (split := device_split(snapshot, r.device)) is not None)
     numbers = tuple(r.device for r in readings)
     return _Memory(int(sum(r.allocated_bytes for r in readings)), splits, numbers, real=real)
+
+
+def _with_cycle_hint(
+    text: str, unattributed: int | None, split: Remainder | None, cycles: CycleReport | None
+) -> str:
+    """Add the hint that unexplained memory may be cycle-held, unless ``--cycles`` already looked."""
+    if cycles is not None or unattributed is None:
+        return text
+    hint = cycle_hint(split.unexplained_bytes if split is not None else unattributed)
+    return f"{text}; {hint}" if hint else text
 
 
 def _unattributed_text(
