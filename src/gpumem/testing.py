@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpumem._fake_allocator import SegmentAllocator
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.units import GIB, MIB
-from gpumem._fake_allocator import SegmentAllocator
 
 __all__ = ["GIB", "MIB", "FakeSource"]
 
@@ -107,6 +107,10 @@ class FakeSource:
     # MemorySource -----------------------------------------------------------------------------
     def cuda_devices(self) -> tuple[int, ...]:
         return tuple(range(len(self._devices))) if self.cuda_initialized else ()
+
+    def device_count(self) -> int:
+        """The simulated devices, known before CUDA is initialized too (as torch.cuda.device_count())."""
+        return len(self._devices)
 
     def snapshot(self, *, process_memory: bool = False) -> Snapshot:
         with self._lock:

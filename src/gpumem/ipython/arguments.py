@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 from gpumem.core import units
 from gpumem.core.devices import describe_devices, parse_cuda_indices
 from gpumem.core.sources import MemorySource
+from gpumem.core.torch_state import no_device_reason
 
 __all__ = [
     "UsageError",
@@ -110,11 +111,19 @@ def parse_devices(text: str) -> tuple[int, ...]:
 
 
 def check_devices_exist(devices: tuple[int, ...], source: MemorySource) -> None:
-    """Reject indices past the devices ``source`` reports (only knowable once CUDA is initialized)."""
+    """Refuse indices past the devices this process has: known from ``source`` once CUDA is initialized,
+    before that from its ``device_count()`` (torch's or NVML's count, which creates no CUDA context)."""
     try:
         visible = tuple(source.cuda_devices())
+        count_of = getattr(source, "device_count", None)
+        count = count_of() if not visible and callable(count_of) else None
     except Exception:
         return
+    if not visible and isinstance(count, int) and not isinstance(count, bool):
+        visible = tuple(range(count))
+        if not visible:
+            listed = ", ".join(f"cuda:{device}" for device in devices)
+            raise UsageError(f"--device {listed}: no CUDA device here ({no_device_reason()})")
     missing = [device for device in devices if device not in visible]
     if visible and missing:
         listed = ", ".join(f"cuda:{device}" for device in missing)

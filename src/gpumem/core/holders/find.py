@@ -25,6 +25,7 @@ from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.holders.tensors import DeviceFilter
 from gpumem.core.holders.walk import OutOfTimeError, Root, Walker, walk_root
 from gpumem.core.runtime import cuda_source, ipython_shell
+from gpumem.core.torch_state import no_device_reason
 from gpumem.core.units import format_bytes
 
 __all__ = ["find_cycles", "find_holders"]
@@ -71,7 +72,7 @@ def find_holders(
             holders=[],
             total_bytes=0,
             hidden=[],
-            unattributed="torch is not imported in this process, so no tensor can hold memory",
+            unattributed=f"{no_device_reason()}, so no tensor can hold memory",
             truncated=False,
             elapsed_s=time.perf_counter() - started,
             device=_device_label(devices),
@@ -188,7 +189,7 @@ def _unattributed_text(device_kind: str | None, allocated: int | None, remainder
     if allocated is None or remainder is None:
         if device_kind not in (None, "cuda"):
             return "memory_allocated: n/a (PyTorch counts only CUDA allocations)"
-        return "memory_allocated: unavailable (CUDA is not initialized in this process)"
+        return f"memory_allocated: unavailable ({no_device_reason()})"
     if remainder >= 0:
         return f"{format_bytes(remainder)} of {format_bytes(allocated)} allocated not attributed: {_REMAINDER_CAUSES}"
     return (
