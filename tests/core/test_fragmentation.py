@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpumem._fake_allocator import SegmentAllocator
 from gpumem.core.fragmentation import (
     FreeReserve,
     ReserveReader,
@@ -16,7 +17,6 @@ from gpumem.core.fragmentation import (
     worth_a_look,
 )
 from gpumem.core.sources import AllocatorReading, SystemSource
-from gpumem._fake_allocator import SegmentAllocator
 from gpumem.testing import GIB, MIB, FakeSource
 
 ALLOCATED, FREE, PENDING = "active_allocated", "inactive", "active_pending_free"

@@ -56,9 +56,9 @@ _cache = _CountCache()
 
 
 def _device_count(torch: Any) -> int | None:
-    cuda = getattr(torch, "cuda", None)
+    cuda: Any = getattr(torch, "cuda", None)
     count = getattr(cuda, "device_count", None)
-    if count is None:
+    if cuda is None or count is None:
         return None
     if cuda.is_initialized():
         return int(count())  # torch caches it once initialized
