@@ -233,7 +233,7 @@ def test_peak_since_open_catches_a_transient_the_sampler_missed(fake: tuple[Fake
     panel._reset_button.click()
     monitor.sampler.sample_once()
     assert panel.refresh()
-    assert "peak since open ≥ 2.0 GiB" in _text(panel._header.value)
+    assert "peak since reset ≥ 2.0 GiB" in _text(panel._header.value)
 
 
 def test_without_cuda_the_panel_shows_host_memory_and_says_so() -> None:

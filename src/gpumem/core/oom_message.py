@@ -30,8 +30,8 @@ class OomFigures(NamedTuple):
 
 
 
-_UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
-_SIZE = r"([\d.]+)\s*(B|KiB|MiB|GiB|TiB|PiB)"
+_UNIT_BYTES = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
+_SIZE = r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB)"  # torch writes sizes up to 1 KiB as "N bytes"
 _PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
     "requested": (re.compile(r"Tried to allocate " + _SIZE),),
     "total": (re.compile(r"total capacity of " + _SIZE), re.compile(_SIZE + r" total capacity")),

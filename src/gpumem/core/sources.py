@@ -229,9 +229,7 @@ class SystemSource:
         """CUDA devices this process can use, before CUDA is initialized too: torch's count, else NVML's
         (torch not imported yet); None when neither can tell. Never creates a context."""
         count = self.torch.device_count()
-        if count is None and self.nvml.unavailable_reason() is None:
-            count = len(self.nvml.devices())
-        return count
+        return self.nvml.device_count() if count is None else count
 
     def snapshot(self, *, process_memory: bool = False) -> Snapshot:
         torch_devices = self.torch.devices()

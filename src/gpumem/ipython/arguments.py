@@ -18,7 +18,6 @@ from IPython.core.error import UsageError
 from gpumem.core import units
 from gpumem.core.devices import describe_devices, parse_cuda_indices
 from gpumem.core.sources import MemorySource
-from gpumem.core.torch_state import no_device_reason
 
 __all__ = [
     "UsageError",
@@ -123,11 +122,21 @@ def check_devices_exist(devices: tuple[int, ...], source: MemorySource) -> None:
         visible = tuple(range(count))
         if not visible:
             listed = ", ".join(f"cuda:{device}" for device in devices)
-            raise UsageError(f"--device {listed}: no CUDA device here ({no_device_reason()})")
+            raise UsageError(f"--device {listed}: no CUDA device here ({_why_no_device(source)})")
     missing = [device for device in devices if device not in visible]
     if visible and missing:
         listed = ", ".join(f"cuda:{device}" for device in missing)
         raise UsageError(f"--device {listed}: no such device; this process sees {describe_devices(visible)}")
+
+
+def _why_no_device(source: MemorySource) -> str:
+    """The readers' own reasons (torch's case, NVML's), e.g. 'this torch (2.13.0+cpu) is a CPU-only build'."""
+    try:
+        status = source.status()
+    except Exception:
+        status = {}
+    reasons = [status[key].removeprefix("unavailable: ") for key in ("torch", "nvml") if status.get(key, "ok") != "ok"]
+    return "; ".join(reasons) or "none is visible to this process"
 
 
 # Showing ----------------------------------------------------------------------------------------

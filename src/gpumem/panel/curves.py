@@ -184,11 +184,11 @@ def build_curve_frame(
 
 def with_span_mark(frame: CurveFrame, time_s: float | None, label: str, wall_offset_s: float) -> CurveFrame:
     """``frame`` with a mark where the header's peaks start counting (the panel opened, or Reset peak),
-    when that instant is in the window: what the curve shows before it is not in "peak since open"."""
-    if time_s is None:
+    when the curves show samples from before it: those are not in "peak since open"."""
+    if time_s is None or not frame.x_ms.size:
         return frame
     x_ms = (time_s + wall_offset_s) * 1000.0
-    if not frame.x_min_ms < x_ms <= frame.x_max_ms:
+    if not (frame.x_min_ms < x_ms <= frame.x_max_ms and frame.x_ms[0] < x_ms):
         return frame
     at = int(np.searchsorted(frame.mark_x_ms, x_ms))
     labels = (*frame.mark_labels[:at], label, *frame.mark_labels[at:])
