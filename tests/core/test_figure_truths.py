@@ -64,7 +64,7 @@ def test_without_a_cap_nothing_is_said_of_one() -> None:
 
 
 def _tracker(source: FakeSource) -> CellTracker:
-    return CellTracker(Monitor(source))
+    return CellTracker(Monitor(source), start_sampler=False)
 
 
 def test_cell_is_the_execution_count_everywhere_and_serial_is_named_so(tmp_path: Path) -> None:
