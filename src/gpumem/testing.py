@@ -108,6 +108,10 @@ class FakeSource:
     def cuda_devices(self) -> tuple[int, ...]:
         return tuple(range(len(self._devices))) if self.cuda_initialized else ()
 
+    def device_count(self) -> int:
+        """The simulated devices, known before CUDA is initialized too (as torch.cuda.device_count())."""
+        return len(self._devices)
+
     def snapshot(self, *, process_memory: bool = False) -> Snapshot:
         with self._lock:
             self.snapshots_taken += 1

@@ -459,7 +459,7 @@ def test_without_torch_says_so() -> None:
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env())
-    assert out.stdout.startswith("False torch is not imported")
+    assert out.stdout.startswith("False torch is installed but not imported")
 
 
 def _env() -> dict[str, str]:

@@ -45,7 +45,9 @@ def test_host_rss_follows_a_real_allocation():
 def test_torch_source_says_why_it_is_unavailable_without_touching_cuda(monkeypatch):
     source = TorchAllocatorSource()
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    assert source.unavailable_reason() == "torch is not imported in this process"
+    assert source.unavailable_reason() == (
+        "torch is installed but not imported in this process yet (gpumem never imports it; `import torch` does)"
+    )
     assert source.devices() == ()
 
 

@@ -240,7 +240,7 @@ def test_in_a_real_kernel(tmp_path: Path, jupyter_env: JupyterEnv) -> None:
     assert result["data"]["text/plain"] == "'done'" and result["execution_count"] == 2
     (report,) = [o for o in outputs if o["output_type"] == "display_data"]
     assert "gpumem-report" in report["data"]["text/html"] and "host RSS" in report["data"]["text/html"]
-    assert "CUDA is not in use: torch is not imported in this process" in report["data"]["text/plain"]
+    assert "CUDA is not in use: torch is installed but not imported in this process yet" in report["data"]["text/plain"]
 
     error = next(o for o in cells[2].outputs if o["output_type"] == "error")
     assert error["ename"] == "ValueError"

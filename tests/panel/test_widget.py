@@ -187,7 +187,7 @@ def test_panel_shows_allocated_reserved_used_and_capacity(fake: tuple[FakeSource
     assert "device used 12.5 GiB of 80.0 GiB" in header  # reserved + the 500 MiB context, from "NVML"
     assert "of capacity 15.6 %" in header
     assert "peak since open 12.0 GiB" in header  # exact: PyTorch's counter rose after the panel opened
-    assert "fragmentation 4.0 GiB" in header
+    assert "cached, unallocated 4.0 GiB" in header
     assert "gm-c-alert" not in panel._header.value
     curves = panel._curves
     assert list(curves.labels) == ["allocated", "reserved", "device used (all processes)"]
@@ -233,7 +233,7 @@ def test_peak_since_open_catches_a_transient_the_sampler_missed(fake: tuple[Fake
     panel._reset_button.click()
     monitor.sampler.sample_once()
     assert panel.refresh()
-    assert "peak since open ≥ 2.0 GiB" in _text(panel._header.value)
+    assert "peak since reset ≥ 2.0 GiB" in _text(panel._header.value)
 
 
 def test_without_cuda_the_panel_shows_host_memory_and_says_so() -> None:

@@ -36,6 +36,7 @@ class NvmlSource:
         self._mapped_by_torch = False
         self._pid = os.getpid()
         self._init_attempted = False
+        self._no_driver = False  # NVML (which ships with the driver) could not start
 
     def _ensure(self) -> Any | None:
         if self._pid != os.getpid():
@@ -55,6 +56,7 @@ class NvmlSource:
                 pynvml.nvmlInit()
             except Exception as error:
                 self._reason = f"NVML could not start ({_nvml_error_text(error)}); no NVIDIA driver here?"
+                self._no_driver = True
                 return None
             self._nvml = pynvml
             try:
@@ -74,6 +76,7 @@ class NvmlSource:
         self._mapped_by_torch = False
         self._pid = os.getpid()
         self._init_attempted = False
+        self._no_driver = False
 
     def _map_devices_from_environment(self) -> None:
         """Map CUDA indices to NVML devices from CUDA_VISIBLE_DEVICES before torch can tell us."""
@@ -169,6 +172,13 @@ class NvmlSource:
         if self._ensure() is None:
             return ()
         return tuple(sorted(self._handles))
+
+    def device_count(self) -> int | None:
+        """CUDA devices NVML sees for this process; 0 when NVML, which ships with the NVIDIA driver, cannot
+        start; None when pynvml is not installed or the listing failed (then NVML cannot tell)."""
+        if self._ensure() is None:
+            return 0 if self._no_driver else None
+        return len(self._handles)
 
     def info(self, device: int) -> DeviceInfo | None:
         if self._ensure() is None:

@@ -10,7 +10,6 @@ shows the report.
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from gpumem.core.fragmentation import (
     free_reserve,
     read_segments,
 )
+from gpumem.core.oom_message import find_oom_error, parse_oom_message
 from gpumem.core.runtime import cuda_source
 from gpumem.core.units import format_bytes
 
@@ -55,18 +55,6 @@ class OomObservation(NamedTuple):
     monotonic_s: float
 
 
-class OomFigures(NamedTuple):
-    """Figures parsed from the error message; None where the message does not say."""
-
-    device: int | None
-    requested_bytes: int | None
-    device_total_bytes: int | None
-    device_free_bytes: int | None
-    process_bytes: int | None
-    allocated_bytes: int | None
-    reserved_unallocated_bytes: int | None
-
-
 class OomReport(NamedTuple):
     """Everything shown beneath an out-of-memory error."""
 
@@ -82,81 +70,7 @@ class OomReport(NamedTuple):
     holders: Any  # gpumem.core.holders.HolderReport | None
     source_of_figures: str  # "observer", "message", "observer+message"
     free_reserve: FreeReserve | None = None  # the allocator's free pieces after the error, where readable
-
-
-# ----------------------------------------------------------------------------------------------
-# Parsing
-# ----------------------------------------------------------------------------------------------
-
-_UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
-_SIZE = r"([\d.]+)\s*(B|KiB|MiB|GiB|TiB|PiB)"
-_PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
-    "requested": (re.compile(r"Tried to allocate " + _SIZE),),
-    "total": (re.compile(r"total capacity of " + _SIZE), re.compile(_SIZE + r" total capacity")),
-    "free": (re.compile(r"of which " + _SIZE + r" is free"), re.compile(_SIZE + r" free;")),
-    "process": (re.compile(r"this process has " + _SIZE + r" memory in use"),),
-    "allocated": (re.compile(_SIZE + r" is allocated by PyTorch"), re.compile(_SIZE + r" already allocated")),
-    "unallocated": (re.compile(_SIZE + r" is reserved by PyTorch but unallocated"),),
-    "reserved_total": (re.compile(_SIZE + r" reserved in total by PyTorch"),),
-}
-_GPU = re.compile(r"GPU (\d+)")
-
-
-def _size(text: str, key: str) -> int | None:
-    for pattern in _PATTERNS[key]:
-        match = pattern.search(text)
-        if match is not None:
-            try:
-                return int(float(match.group(1)) * _UNIT_BYTES[match.group(2)])
-            except ValueError:
-                return None
-    return None
-
-
-def parse_oom_message(message: str) -> OomFigures:
-    """Figures from a CUDA out-of-memory message (torch 1.x and 2.x wordings)."""
-    gpu = _GPU.search(message)
-    allocated = _size(message, "allocated")
-    unallocated = _size(message, "unallocated")
-    if unallocated is None:
-        reserved_total = _size(message, "reserved_total")
-        if reserved_total is not None and allocated is not None:
-            unallocated = max(0, reserved_total - allocated)
-    return OomFigures(
-        device=int(gpu.group(1)) if gpu else None,
-        requested_bytes=_size(message, "requested"),
-        device_total_bytes=_size(message, "total"),
-        device_free_bytes=_size(message, "free"),
-        process_bytes=_size(message, "process"),
-        allocated_bytes=allocated,
-        reserved_unallocated_bytes=unallocated,
-    )
-
-
-_MAX_CHAIN = 32  # causes and contexts followed at most (a chain can loop)
-
-
-def find_oom_error(error: BaseException | None) -> BaseException | None:
-    """The CUDA out-of-memory error in ``error`` or its cause / context chain, else None."""
-    torch = sys.modules.get("torch")
-    oom_types: tuple[type, ...] = tuple(
-        t
-        for t in (
-            getattr(torch, "OutOfMemoryError", None),
-            getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None),
-        )
-        if isinstance(t, type)
-    )
-    seen: set[int] = set()
-    current = error
-    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
-        seen.add(id(current))
-        if oom_types and isinstance(current, oom_types):
-            return current
-        if isinstance(current, RuntimeError) and "CUDA out of memory" in str(current):
-            return current
-        current = current.__cause__ or current.__context__
-    return None
+    allowed_bytes: int | None = None  # this process's cap (set_per_process_memory_fraction), when one is set
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,7 +92,7 @@ def explain(
     figures = parse_oom_message(str(error))
     device = observation.device if observation is not None else figures.device
     requested = observation.requested_bytes if observation is not None else figures.requested_bytes
-    total = observation.device_total_bytes if observation is not None else figures.device_total_bytes
+    total, allowed = _capacity(observation, figures.device_total_bytes, figures.allowed_bytes)
     free_bytes = observation.device_free_bytes if observation is not None else figures.device_free_bytes
     if observation is None:
         origin = "message"
@@ -210,7 +124,8 @@ def explain(
         device_name = holder_device or (f"cuda:{device}" if device is not None else "cuda")
         report_holders = _holders(namespace, device_name, shell, source, time_budget_s)
     fragmented = _Fragmented(unallocated, reserve) if fragmentation and unallocated is not None else None
-    advice = _advice(requested, total, free_bytes, fragmented, report_holders, str(error))
+    advice = _cap_advice(requested, allowed, allocated, unallocated, free_bytes)
+    advice += _advice(requested, total, free_bytes, fragmented, report_holders, str(error))
     return OomReport(
         device=device,
         requested_bytes=requested,
@@ -224,7 +139,47 @@ def explain(
         holders=report_holders,
         source_of_figures=origin,
         free_reserve=reserve,
+        allowed_bytes=allowed,
     )
+
+
+_ROUNDING = 0.01  # the message rounds to two decimals of its unit: within 1% is the same figure
+
+
+def _capacity(
+    observation: OomObservation | None, message_total: int | None, message_allowed: int | None
+) -> tuple[int | None, int | None]:
+    """The device's total and the process's cap. Under a memory fraction PyTorch's observer reports the cap
+    as its "total", so the device's own total comes from the message; the exact cap from the observer."""
+    if observation is None:
+        return message_total, message_allowed
+    observed = observation.device_total_bytes
+    if message_allowed is not None:
+        close = abs(observed - message_allowed) <= _ROUNDING * message_allowed
+        return message_total, observed if close else message_allowed
+    return (message_total if message_total is not None else observed), None
+
+
+def _cap_advice(
+    requested: int | None, allowed: int | None, allocated: int | None, unallocated: int | None, free: int | None
+) -> list[str]:
+    """Under a cap, say that the cap refused the request, and whether the device itself had room."""
+    if allowed is None or requested is None:
+        return []
+    setting = "torch.cuda.set_per_process_memory_fraction"
+    if requested > allowed:
+        alone = (
+            f"The request alone ({format_bytes(requested)}) is larger than this process's cap "
+            f"({format_bytes(allowed)}): raise the cap with `{setting}` or use a smaller batch."
+        )
+        return [alone]
+    room = f"the device has {format_bytes(free)} free, so " if free is not None and free >= requested else ""
+    in_use = "" if allocated is None or unallocated is None else f" ({format_bytes(allocated + unallocated)} in use)"
+    refused = (
+        f"This process's cap of {format_bytes(allowed)}{in_use} refused the request: {room}raising the cap "
+        f"(`{setting}`) or freeing memory under it helps."
+    )
+    return [refused]
 
 
 def _holders(namespace: Any, device: str, shell: Any, source: Any, time_budget_s: float) -> Any:
@@ -345,6 +300,8 @@ def _summary_lines(report: OomReport) -> list[str]:
             f"of {_b(report.device_total_bytes)}"
             + (f"; this process uses {_b(report.process_bytes)}" if report.process_bytes is not None else "")
         )
+    if report.allowed_bytes is not None:
+        lines.append("  " + _cap_line(report))
     if report.allocated_bytes is not None or report.reserved_unallocated_bytes is not None:
         reserve = report.free_reserve
         pieces = (
@@ -359,6 +316,16 @@ def _summary_lines(report: OomReport) -> list[str]:
     if len(lines) == 1:
         lines.append("  the error states no sizes, and none could be read from the device")
     return lines
+
+
+def _cap_line(report: OomReport) -> str:
+    """The cap as the cap: what PyTorch's reserve may reach, how much of it is in use, how much is left."""
+    allowed = report.allowed_bytes or 0
+    text = f"this process's cap (set_per_process_memory_fraction): allowed {format_bytes(allowed)}"
+    if report.allocated_bytes is None or report.reserved_unallocated_bytes is None:
+        return text
+    in_use = report.allocated_bytes + report.reserved_unallocated_bytes
+    return f"{text}, in use {format_bytes(in_use)} (reserved by PyTorch), left {format_bytes(max(0, allowed - in_use))}"
 
 
 def render_text(report: OomReport, *, limit: int = 5) -> str:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -24,17 +26,25 @@ __all__ = ["DEFAULT_RATE_HZ", "Sampler", "SamplerCost", "channels_of"]
 # 10 Hz costs well under 0.1% of a launch-bound training loop (see BENCHMARKS.md) and is fine
 # enough to draw curves; exact per-cell peaks come from the allocator's counters, not sampling.
 DEFAULT_RATE_HZ = 10.0
+RECENT_READS = 256  # read durations kept for the typical and slowest recent read (25 s at 10 Hz)
 
 Listener = Callable[[Snapshot], None]
 
 
 class SamplerCost(NamedTuple):
-    """What sampling has cost so far, measured around each read."""
+    """What sampling has cost so far, measured around each read.
+
+    The mean includes the first reads (NVML starting, the fast path being looked up), which cost ten
+    times a warm one: the typical read is the median of the last :data:`RECENT_READS`.
+    """
 
     samples: int
     total_s: float
     max_s: float
     skipped_ticks: int
+    recent_reads: int = 0  # how many reads recent_median_s and recent_max_s are taken over
+    recent_median_s: float = 0.0
+    recent_max_s: float = 0.0
 
     @property
     def mean_s(self) -> float:
@@ -88,6 +98,7 @@ class Sampler:
         self._samples = 0
         self._total_s = 0.0
         self._max_s = 0.0
+        self._recent: deque[float] = deque(maxlen=RECENT_READS)
         self._skipped = 0
         self._last_error: str | None = None
         _live_samplers.add(self)
@@ -150,6 +161,7 @@ class Sampler:
             self._samples += 1
             self._total_s += spent
             self._max_s = max(self._max_s, spent)
+            self._recent.append(spent)
             listeners = list(self._listeners)
         for listener in listeners:
             self._notify(listener, snapshot)
@@ -164,7 +176,11 @@ class Sampler:
 
     def cost(self) -> SamplerCost:
         with self._lock:
-            return SamplerCost(self._samples, self._total_s, self._max_s, self._skipped)
+            recent = list(self._recent)
+            totals = (self._samples, self._total_s, self._max_s, self._skipped)
+        if not recent:
+            return SamplerCost(*totals)
+        return SamplerCost(*totals, len(recent), statistics.median(recent), max(recent))
 
     def _run(self, stop: threading.Event) -> None:
         next_tick = time.monotonic()

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from gpumem.core.devices import parse_visible_devices
 from gpumem.core.nvml import NvmlSource
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
+from gpumem.core.torch_state import cuda_device_count, torch_state
 
 __all__ = [
     "AllocatorReading",
@@ -72,17 +73,12 @@ class TorchAllocatorSource:
         self._checked_fast_path = False
 
     def unavailable_reason(self) -> str | None:
-        torch = _loaded_torch()
-        if torch is None:
-            return "torch is not imported in this process"
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not hasattr(cuda, "is_initialized"):
-            return "this torch build has no CUDA support"
-        if not cuda.is_initialized():
-            if not _torch_built_with_cuda(torch):
-                return "this torch build has no CUDA support"
-            return "CUDA is not initialized in this process yet (no tensor has been put on a GPU)"
-        return None
+        """Which case torch is in, when it is not ready (see :mod:`gpumem.core.torch_state`)."""
+        return torch_state().reason
+
+    def device_count(self) -> int | None:
+        """CUDA devices this process can use, known without creating a context (None: torch not imported)."""
+        return cuda_device_count()
 
     def devices(self) -> tuple[int, ...]:
         torch = _loaded_torch()
@@ -157,11 +153,6 @@ class TorchAllocatorSource:
         return torch.cuda.get_device_properties(device)
 
 
-def _torch_built_with_cuda(torch: Any) -> bool:
-    version = getattr(getattr(torch, "version", None), "cuda", None)
-    return bool(version)
-
-
 class HostSource:
     """This process's RSS and the machine's memory, through psutil (getrusage for the exact peak)."""
 
@@ -233,6 +224,12 @@ class SystemSource:
 
     def cuda_devices(self) -> tuple[int, ...]:
         return self.torch.devices()
+
+    def device_count(self) -> int | None:
+        """CUDA devices this process can use, before CUDA is initialized too: torch's count, else NVML's
+        (torch not imported yet); None when neither can tell. Never creates a context."""
+        count = self.torch.device_count()
+        return self.nvml.device_count() if count is None else count
 
     def snapshot(self, *, process_memory: bool = False) -> Snapshot:
         torch_devices = self.torch.devices()

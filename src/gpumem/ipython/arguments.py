@@ -137,15 +137,33 @@ def parse_devices(text: str) -> tuple[int, ...]:
 
 
 def check_devices_exist(devices: tuple[int, ...], source: MemorySource) -> None:
-    """Reject indices past the devices ``source`` reports (only knowable once CUDA is initialized)."""
+    """Refuse indices past the devices this process has: known from ``source`` once CUDA is initialized,
+    before that from its ``device_count()`` (torch's or NVML's count, which creates no CUDA context)."""
     try:
         visible = tuple(source.cuda_devices())
+        count_of = getattr(source, "device_count", None)
+        count = count_of() if not visible and callable(count_of) else None
     except Exception:
         return
+    if not visible and isinstance(count, int) and not isinstance(count, bool):
+        visible = tuple(range(count))
+        if not visible:
+            listed = ", ".join(f"cuda:{device}" for device in devices)
+            raise UsageError(f"--device {listed}: no CUDA device here ({_why_no_device(source)})")
     missing = [device for device in devices if device not in visible]
     if visible and missing:
         listed = ", ".join(f"cuda:{device}" for device in missing)
         raise UsageError(f"--device {listed}: no such device; this process sees {describe_devices(visible)}")
+
+
+def _why_no_device(source: MemorySource) -> str:
+    """The readers' own reasons (torch's case, NVML's), e.g. 'this torch (2.13.0+cpu) is a CPU-only build'."""
+    try:
+        status = source.status()
+    except Exception:
+        status = {}
+    reasons = [status[key].removeprefix("unavailable: ") for key in ("torch", "nvml") if status.get(key, "ok") != "ok"]
+    return "; ".join(reasons) or "none is visible to this process"
 
 
 # Showing ----------------------------------------------------------------------------------------

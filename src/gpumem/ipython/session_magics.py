@@ -166,9 +166,14 @@ def magic_status(state: ExtensionState, line: str) -> None:
     cost = sampler.cost()
     rate = f"{sampler.rate_hz:g} Hz"
     running = f"running at {rate}" if sampler.running else f"stopped ({rate} when running)"
-    if cost.samples:
-        each = f"{cost.mean_s * 1e3:.1f} ms" if cost.mean_s >= _MILLISECOND else f"{cost.mean_s * 1e6:.0f} us"
-        taken = f"{_count(cost.samples, 'sample')} taken, {each} each on average"
+    if cost.recent_reads:
+        windowed = cost.recent_reads < cost.samples
+        over = f"the last {cost.recent_reads:,}" if windowed else "all"
+        slowest = "the slowest of those" if windowed else "the slowest"
+        taken = (
+            f"{_count(cost.samples, 'sample')} taken; a read typically takes {_duration(cost.recent_median_s)} "
+            f"(median of {over}), {slowest} {_duration(cost.recent_max_s)}"
+        )
     else:
         taken = "no samples taken yet"
     lines.append(f"  sampler  {running}; {taken}")
@@ -196,6 +201,10 @@ def _standing_lines(state: ExtensionState) -> list[str]:
 
 
 _MILLISECOND = 1e-3
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds >= _MILLISECOND else f"{seconds * 1e6:.0f} us"
 
 
 def _count(number: int, noun: str) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "curve_interval_s",
     "nice_axis",
     "render_legend",
+    "with_span_mark",
 ]
 
 # Pushing faster than the window scrolls by one pixel of this nominal width draws nothing new.
@@ -179,6 +180,19 @@ def build_curve_frame(
         mark_x_ms=np.asarray([(m.time_s + wall_offset_s) * 1000.0 for m in marks], dtype=np.float64),
         mark_labels=tuple(_mark_label(m.label) for m in marks),
     )
+
+
+def with_span_mark(frame: CurveFrame, time_s: float | None, label: str, wall_offset_s: float) -> CurveFrame:
+    """``frame`` with a mark where the header's peaks start counting (the panel opened, or Reset peak),
+    when the curves show samples from before it: those are not in "peak since open"."""
+    if time_s is None or not frame.x_ms.size:
+        return frame
+    x_ms = (time_s + wall_offset_s) * 1000.0
+    if not (frame.x_min_ms < x_ms <= frame.x_max_ms and frame.x_ms[0] < x_ms):
+        return frame
+    at = int(np.searchsorted(frame.mark_x_ms, x_ms))
+    labels = (*frame.mark_labels[:at], label, *frame.mark_labels[at:])
+    return frame._replace(mark_x_ms=np.insert(frame.mark_x_ms, at, x_ms), mark_labels=labels)
 
 
 def _read_window(

@@ -31,8 +31,9 @@ class DeviceFigures(NamedTuple):
     peak_exact: bool
 
     @property
-    def fragmentation_bytes(self) -> int | None:
-        """Reserved but not allocated: cached by PyTorch, held from other processes, used by no tensor."""
+    def cached_free_bytes(self) -> int | None:
+        """Reserved but not allocated: cached by PyTorch, held from other processes, used by no tensor.
+        Free in PyTorch's reserve, not fragmentation: later requests reuse it unless no piece is large enough."""
         if self.allocated_bytes is None or self.reserved_bytes is None:
             return None
         return self.reserved_bytes - self.allocated_bytes
@@ -61,6 +62,7 @@ class HeaderModel(NamedTuple):
     host: HostFigures | None
     notes: tuple[str, ...]  # plain sentences: why something is not shown
     cuda_in_use: bool
+    peak_span: str = "panel opened"  # what started the peaks' span, as the mark on the curves is labelled
 
 
 def _reason(status: Mapping[str, str], key: str) -> str | None:
@@ -77,10 +79,13 @@ def build_header(
     host_peak: PeakTracker | None,
     status: Mapping[str, str],
     device: int | None = None,
+    *,
+    peak_span: str = "panel opened",
 ) -> HeaderModel:
-    """Figures per device (only ``device`` when given) and for the host, with plain-language notes."""
+    """Figures per device (only ``device`` when given) and for the host, with plain-language notes.
+    ``peak_span`` names the instant the peaks count from, as the curves' mark does."""
     if snapshot is None:
-        return HeaderModel((), None, ("Waiting for the first sample.",), False)
+        return HeaderModel((), None, ("Waiting for the first sample.",), False, peak_span)
     indices = device_indices(snapshot)
     notes = _device_notes(snapshot, indices, status)
     if device is not None and indices and device not in indices:
@@ -103,7 +108,7 @@ def build_header(
         )
     elif not indices:
         notes.append(_sentence(f"Host memory: {_reason(status, 'host') or 'unavailable'}"))
-    return HeaderModel(figures, host, tuple(notes), bool(snapshot.allocator))
+    return HeaderModel(figures, host, tuple(notes), bool(snapshot.allocator), peak_span)
 
 
 def _device_notes(snapshot: Snapshot, indices: Sequence[int], status: Mapping[str, str]) -> list[str]:
@@ -156,12 +161,24 @@ def _peak(value: int | None, exact: bool) -> str:
 
 
 _PEAK_TIP = (
-    "Highest PyTorch allocation since the panel opened or Reset peak. Exact when PyTorch's own peak counter "
-    "covers that time; '≥' marks the highest sampled value, a lower bound."
+    "Highest PyTorch allocation since the mark on the curves (the panel opened, or Reset peak); the curves also "
+    "show samples from before it. Exact when PyTorch's own peak counter covers that time; '≥' marks the highest "
+    "sampled value, a lower bound."
 )
-_FRAG_TIP = (
-    "reserved - allocated: cached by PyTorch but used by no tensor (fragmentation). Free returns it to the driver."
+_CACHED_TIP = (
+    "reserved - allocated: held by PyTorch's cache, used by no tensor. Later allocations reuse it; it is "
+    "fragmentation only when no free piece is large enough for a request (gpumem warns under the cell then, "
+    "and %gpumem status says so). Free returns the unused segments to the driver."
 )
+
+
+def _peak_label(model: HeaderModel) -> str:
+    """'peak since open', or 'peak since reset' after Reset peak: the span the mark on the curves starts."""
+    return "peak since reset" if model.peak_span == "peak reset" else "peak since open"
+
+
+def _peak_sub(model: HeaderModel) -> str:
+    return f"from the \u201c{model.peak_span}\u201d mark"
 _USED_TIP = "Whole device as NVML reports it: every process, CUDA contexts included."
 
 
@@ -199,14 +216,14 @@ def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
     alert = any((f.capacity_fraction or 0) >= threshold for f in model.devices)
     parts: list[str] = ['<div class="gm-header">']
     if len(model.devices) == 1:
-        parts.append(_render_single(model.devices[0], threshold))
+        parts.append(_render_single(model, model.devices[0], threshold))
     elif model.devices:
-        parts.append(_render_table(model.devices, threshold))
+        parts.append(_render_table(model, threshold))
     if model.host is not None:
         host = model.host
         if model.devices:
             parts.append(
-                f'<div class="gm-host">Host: RSS {format_bytes(host.rss_bytes)} · peak since open '
+                f'<div class="gm-host">Host: RSS {format_bytes(host.rss_bytes)} · {_peak_label(model)} '
                 f"{_peak(host.peak_rss_bytes, host.peak_exact)} · machine {format_bytes(host.total_bytes)}, "
                 f"{format_bytes(host.available_bytes)} available</div>"
             )
@@ -217,9 +234,11 @@ def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
             parts.append(_card("process RSS", format_bytes(host.rss_bytes), "Resident memory of this kernel process."))
             parts.append(
                 _card(
-                    "peak since open",
+                    _peak_label(model),
                     _peak(host.peak_rss_bytes, host.peak_exact),
-                    "Highest RSS since the panel opened or Reset peak ('≥': highest sampled value).",
+                    "Highest RSS since the mark on the curves: the panel opened, or Reset peak ('≥': highest "
+                    "sampled value).",
+                    sub=_peak_sub(model),
                 )
             )
             parts.append(
@@ -242,7 +261,7 @@ def _device_title(figures: DeviceFigures) -> str:
     return f"cuda:{figures.device}{name}{total}"
 
 
-def _render_single(figures: DeviceFigures, threshold: float) -> str:
+def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: float) -> str:
     fraction = figures.capacity_fraction
     alert = fraction is not None and fraction >= threshold
     percent = "n/a" if fraction is None else f"{100 * fraction:.1f} %"
@@ -270,8 +289,10 @@ def _render_single(figures: DeviceFigures, threshold: float) -> str:
             "gm-c-alert" if alert else "",
             sub=state,
         ),
-        _card("peak since open", _peak(figures.peak_allocated_bytes, figures.peak_exact), _PEAK_TIP),
-        _card("fragmentation", _size(figures.fragmentation_bytes), _FRAG_TIP, sub="reserved - allocated"),
+        _card(
+            _peak_label(model), _peak(figures.peak_allocated_bytes, figures.peak_exact), _PEAK_TIP, sub=_peak_sub(model)
+        ),
+        _card("cached, unallocated", _size(figures.cached_free_bytes), _CACHED_TIP, sub="reserved - allocated"),
     ]
     return (
         f'<div class="gm-title">{html.escape(_device_title(figures))}</div>'
@@ -280,11 +301,12 @@ def _render_single(figures: DeviceFigures, threshold: float) -> str:
     )
 
 
-def _render_table(devices: Sequence[DeviceFigures], threshold: float) -> str:
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in ("device", "allocated", "reserved", "device used", "of capacity", "peak since open", "fragmentation")
-    )
+def _render_table(model: HeaderModel, threshold: float) -> str:
+    devices = model.devices
+    peak, cached = _peak_label(model), "cached, unallocated"
+    titles = ("device", "allocated", "reserved", "device used", "of capacity", peak, cached)
+    tips = {peak: _PEAK_TIP, cached: _CACHED_TIP}
+    head = "".join(f'<th title="{html.escape(tips.get(h, ""))}">{h}</th>' for h in titles)
     rows: list[str] = []
     for f in devices:
         fraction = f.capacity_fraction
@@ -297,7 +319,7 @@ def _render_table(devices: Sequence[DeviceFigures], threshold: float) -> str:
             f'<td title="{html.escape(_USED_TIP)}">{_size(f.used_bytes)} / {_size(f.total_bytes)}</td>',
             f"<td>{'n/a' if fraction is None else f'{100 * fraction:.1f} %'}</td>",
             f"<td>{html.escape(_peak(f.peak_allocated_bytes, f.peak_exact))}</td>",
-            f"<td>{_size(f.fragmentation_bytes)}</td>",
+            f"<td>{_size(f.cached_free_bytes)}</td>",
         )
         rows.append(f'<tr class="{"gm-row-alert" if alert else ""}">{"".join(cells)}</tr>')
     return (

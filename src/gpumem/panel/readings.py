@@ -74,14 +74,27 @@ class PeakTracker:
 class PeaksSinceOpen:
     """Per device and for the host: the peak since the panel opened (or Reset peak)."""
 
+    OPENED = "panel opened"
+    RESET = "peak reset"
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._devices: dict[int, PeakTracker] = {}
         self._host = PeakTracker()
+        self._since_s: float | None = None  # monotonic instant of the span's first snapshot
+        self._since_label = self.OPENED
+
+    def span(self) -> tuple[float | None, str]:
+        """Since when the peaks count (None before the first snapshot) and what happened then, for the
+        mark on the curves: the timeline holds samples from before the panel opened, the peaks do not."""
+        with self._lock:
+            return self._since_s, self._since_label
 
     def note(self, snapshot: Snapshot) -> None:
         """Sampler thread (and the panel's own first read): fold one snapshot in."""
         with self._lock:
+            if self._since_s is None:
+                self._since_s = snapshot.monotonic_s
             for reading in snapshot.allocator:
                 tracker = self._devices.get(reading.device)
                 if tracker is None:
@@ -96,6 +109,7 @@ class PeaksSinceOpen:
             for tracker in self._devices.values():
                 tracker.reset()
             self._host.reset()
+            self._since_s, self._since_label = None, self.RESET
         if baseline is not None:
             self.note(baseline)
 

@@ -37,7 +37,7 @@ from gpumem.panel.commands import (
     TogglePause,
     ViewsChanged,
 )
-from gpumem.panel.curves import CurveFrame, build_curve_frame, curve_interval_s
+from gpumem.panel.curves import CurveFrame, build_curve_frame, curve_interval_s, with_span_mark
 from gpumem.panel.freeing import FreeOutcome, FreeWorker, free_message, run_free
 from gpumem.panel.header import build_header, render_header
 from gpumem.panel.options import (
@@ -353,7 +353,9 @@ class Panel(PanelView):
             status = self._monitor.status()
         except Exception as error:
             status = {"torch": f"unavailable: {error}"}
-        model = build_header(snapshot, infos, device_peaks, host_peak, status, self._options.device)
+        model = build_header(
+            snapshot, infos, device_peaks, host_peak, status, self._options.device, peak_span=self._peaks.span()[1]
+        )
         text, _alert = render_header(model, self._options.threshold)
         if self.show_header(text):
             self._stats = self._stats._replace(header_pushes=self._stats.header_pushes + 1)
@@ -362,6 +364,7 @@ class Panel(PanelView):
         """Draw the window from the monitor's timeline; returns the seconds until the next push."""
         wall_offset = time.time() - time.monotonic()
         frame = build_curve_frame(self._monitor.timeline, self._options, now, wall_offset, self._readings.capacities())
+        frame = with_span_mark(frame, *self._peaks.span(), wall_offset)
         self.show_frame(frame)
         self._last_frame = frame
         interval = curve_interval_s(self._options, frame.payload_bytes)

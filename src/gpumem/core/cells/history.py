@@ -135,8 +135,8 @@ def record_to_dict(record: CellRecord) -> dict[str, Any]:
             peak_above_start_bytes=record.host.peak_above_start_bytes,
         )
     return {
+        "cell": record.execution_count,
         "serial": record.serial,
-        "execution_count": record.execution_count,
         "first_line": record.first_line,
         "source_hash": record.source_hash,
         "started_wall_s": record.started_wall_s,
@@ -175,7 +175,7 @@ def history_columns(records: Sequence[CellRecord]) -> list[str]:
 def _columns_for(devices: Iterable[int]) -> list[str]:
     columns = [
         "cell",
-        "execution_count",
+        "serial",
         "first_line",
         "started_wall_s",
         "duration_s",
@@ -195,15 +195,19 @@ def _columns_for(devices: Iterable[int]) -> list[str]:
 
 
 def history_rows(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
-    """One flat dict per cell (per-device figures as ``cuda{i}_*`` columns; None where not measured)."""
+    """One flat dict per cell (per-device figures as ``cuda{i}_*`` columns; None where not measured).
+
+    ``cell`` is the execution count, as ``In[N]`` and ``%gpumem history`` show it (None for code run without
+    one); ``serial`` is the cell's 1-based place among this session's measured cells (``#N`` in the table).
+    """
     columns = history_columns(records)
     rows: list[dict[str, Any]] = []
     for record in records:
         row: dict[str, Any] = dict.fromkeys(columns)
         host = record.host
         row.update(
-            cell=record.serial,
-            execution_count=record.execution_count,
+            cell=record.execution_count,
+            serial=record.serial,
             first_line=record.first_line,
             started_wall_s=record.started_wall_s,
             duration_s=record.duration_s,
@@ -238,7 +242,7 @@ def history_dataframe(records: Sequence[CellRecord]) -> Any:
     columns = history_columns(records)
     frame = pd.DataFrame(history_rows(records), columns=columns)
     for column in columns:
-        if column.endswith("_bytes") or column in ("cell", "execution_count"):
+        if column.endswith("_bytes") or column in ("cell", "serial"):
             frame[column] = frame[column].astype("Int64")
         elif column.endswith("_exact") or column == "keep_peaks":
             frame[column] = frame[column].astype("boolean")

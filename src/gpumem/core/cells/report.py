@@ -169,12 +169,13 @@ def _record_html(record: CellRecord, top: int) -> str:
     )
     if record.cuda_note:
         parts.append(f'<div class="dim">{e(record.cuda_note)}</div>')
-    parts.append("<table><thead><tr><th></th><th>allocated</th><th>reserved</th>")
-    parts.append('<th>peak above start</th><th title="NVML: whole device, all processes">device used</th>')
-    parts.append("</tr></thead><tbody>")
-    parts.extend(_device_row_html(change) for change in record.devices)
-    parts.append(_host_row_html(record.host))
-    parts.append("</tbody></table>")
+    if record.devices:
+        parts.append("<table><thead><tr><th></th><th>allocated</th><th>reserved</th>")
+        parts.append('<th>peak above start</th><th title="NVML: whole device, all processes">device used</th>')
+        parts.append("</tr></thead><tbody>")
+        parts.extend(_device_row_html(change) for change in record.devices)
+        parts.append("</tbody></table>")
+    parts.append(_host_table_html(record.host))
     if record.variables:
         parts += _variables_html(record, top)
     elif record.devices and record.variables_note:
@@ -209,16 +210,19 @@ def _device_row_html(change: DeviceChange) -> str:
     )
 
 
-def _host_row_html(host: HostChange | None) -> str:
+def _host_table_html(host: HostChange | None) -> str:
+    """Host memory under its own heading: RSS is not PyTorch's allocated memory, nor a device's."""
+    head = "<table><thead><tr><th></th><th>host RSS</th><th>peak above start</th></tr></thead><tbody>"
     if host is None:
-        return '<tr><td>host</td><td colspan="4" class="dim">unavailable (see %gpumem status)</td></tr>'
+        missing = '<td colspan="2" class="dim">unavailable (see %gpumem status)</td>'
+        return f"{head}<tr><td></td>{missing}</tr></tbody></table>"
     if host.peak_exact:
         peak_cell = html.escape(format_delta(host.peak_above_start_bytes))
     else:
         peak_cell = f'{html.escape(at_least(host.peak_above_start_bytes))} <span class="dim">(sampled)</span>'
     return (
-        f"<tr><td>host RSS</td><td>{_html_span(host.rss_before_bytes, host.rss_after_bytes)}</td>"
-        f'<td class="dim">-</td><td>{peak_cell}</td><td class="dim">-</td></tr>'
+        f"{head}<tr><td>this process</td><td>{_html_span(host.rss_before_bytes, host.rss_after_bytes)}</td>"
+        f"<td>{peak_cell}</td></tr></tbody></table>"
     )
 
 

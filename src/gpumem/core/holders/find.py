@@ -31,6 +31,7 @@ from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.holders.tensors import DeviceFilter
 from gpumem.core.holders.walk import OutOfTimeError, Root, Walker, walk_root
 from gpumem.core.runtime import cuda_source, ipython_shell
+from gpumem.core.torch_state import no_device_reason
 from gpumem.core.units import format_bytes
 from gpumem.core.workspaces import WorkspaceSizes, workspace_sizes
 
@@ -74,7 +75,7 @@ def find_holders(
             holders=[],
             total_bytes=0,
             hidden=[],
-            unattributed="torch is not imported in this process, so no tensor can hold memory",
+            unattributed=f"{no_device_reason()}, so no tensor can hold memory",
             truncated=False,
             elapsed_s=time.perf_counter() - started,
             device=_device_label(devices),
@@ -248,7 +249,7 @@ def _unattributed_text(
     if allocated is None or remainder is None:
         if device_kind not in (None, "cuda"):
             return "memory_allocated: n/a (PyTorch counts only CUDA allocations)"
-        return "memory_allocated: unavailable (CUDA is not initialized in this process)"
+        return f"memory_allocated: unavailable ({no_device_reason()})"
     if remainder < 0:
         return (
             f"named tensors add up to {format_bytes(-remainder)} more than memory_allocated "
