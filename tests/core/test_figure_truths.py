@@ -80,7 +80,7 @@ def test_cell_is_the_execution_count_everywhere_and_serial_is_named_so(tmp_path:
     assert [(row["cell"], row["serial"]) for row in read] == [("7", "1"), ("9", "2"), ("", "3")]
     write_json(tracker.history, tmp_path / "h.json")
     data = json.loads((tmp_path / "h.json").read_text())
-    assert [(item["cell"], item["serial"]) for item in data] == [(7, 1), (9, 2), (None, 3)]
+    assert [(item["cell"], item["serial"]) for item in data["cells"]] == [(7, 1), (9, 2), (None, 3)]
     assert record_to_dict(tracker.history[0])["cell"] == 7
     pytest.importorskip("pandas")
     frame = history_dataframe(tracker.history)

@@ -15,7 +15,7 @@ __all__ = ["READ_ATTEMPTS", "stable_list"]
 
 T = TypeVar("T")
 
-READ_ATTEMPTS = 8
+READ_ATTEMPTS = 64  # each attempt is one C-level copy; a switch mid-copy needs a finalizer or GC to run
 
 
 def stable_list(read: Callable[[], Iterable[T]], limit: int | None = None) -> list[T]:
