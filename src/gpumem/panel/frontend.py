@@ -37,7 +37,8 @@ front end also opens a comm after running code that mentions gpumem. A comm is o
 once a front end has sent a message on it, so front ends without the extension cost nothing; front
 ends send ``{"request": "keepalive"}`` every 30 s and close their comms when the page goes away, and
 comms silent for much longer than the liveliest one are dropped (the beacon just stops being
-published to).
+published to). Messages on these comms are handled on gpumem's own subshell
+(:mod:`gpumem.panel.routing`): a sidebar asked for while a cell runs is answered at once.
 
 Payloads go out from :func:`publish_status` (thread-safe; callable from any thread). While no one else
 publishes, a light daemon thread here publishes the shared monitor's figures (or what the provider set
@@ -55,6 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpumem.panel.routing import Route, route_comm
 from gpumem.panel.status import StatusPayload, StatusReader
 
 __all__ = [
@@ -158,19 +160,17 @@ class _StatusComm:
     the kernel opened itself, kept open until unload so that a front end connecting later finds the
     target in a ``comm_info_request``."""
 
-    __slots__ = ("beacon", "comm", "confirmed", "context", "last_seen")
+    __slots__ = ("beacon", "comm", "confirmed", "context", "last_seen", "route")
 
     def __init__(self, comm: Any, confirmed: bool, beacon: bool = False) -> None:
         self.comm = comm
         self.confirmed = confirmed
         self.beacon = beacon
         self.last_seen = time.monotonic()
-        # The context of the last kernel message handled for this comm, in which every send runs.
+        self.route: Route | None = None  # its messages go to gpumem's subshell
+        # The context of the last kernel message handled for this comm, in which every send runs:
         # ipykernel (7.x) takes the parent of a message sent from a background thread from the last
-        # request handled on ANY subshell, and routes the front end's next messages on this comm to
-        # that parent's subshell; JupyterLab deletes per-target subshells when their comms close
-        # (ipywidgets' control comm does at every page load), and the messages are then lost.
-        # Sending in this comm's own context keeps them routed to its own subshell.
+        # request handled on ANY subshell; this gives the messages this comm's own parent.
         self.context = contextvars.copy_context()
 
 
@@ -250,8 +250,7 @@ def unregister_status_target() -> None:
     with _lock:
         comms = _unregister_locked()
     for entry in comms:
-        with contextlib.suppress(Exception):
-            entry.comm.close()
+        _close(entry)
     thread = _publisher
     if thread is not None and thread is not threading.current_thread():
         thread.join(timeout=2 * PUBLISH_INTERVAL_S)
@@ -310,6 +309,7 @@ def _track(comm: Any, *, confirmed: bool, beacon: bool = False) -> _StatusComm |
 
     comm.on_msg(on_msg)
     comm.on_close(on_close)
+    entry.route = route_comm(comm)
     if confirmed:
         _ensure_publisher()
     return entry
@@ -319,6 +319,19 @@ def _drop(entry: _StatusComm) -> None:
     with _lock:
         if _comms.get(id(entry.comm)) is entry:
             del _comms[id(entry.comm)]
+    _release(entry)
+
+
+def _close(entry: _StatusComm) -> None:
+    with contextlib.suppress(Exception):
+        entry.comm.close()
+    _release(entry)
+
+
+def _release(entry: _StatusComm) -> None:
+    route, entry.route = entry.route, None
+    if route is not None:
+        route.release()
 
 
 def _on_comm_msg(entry: _StatusComm, msg: dict[str, Any]) -> None:
@@ -392,8 +405,7 @@ def _publish(payload: StatusPayload) -> int:
                 del _comms[id(entry.comm)]
                 closing.append(entry)
     for entry in closing:
-        with contextlib.suppress(Exception):
-            entry.comm.close()
+        _close(entry)
     return sum(1 for entry in targets if _send(entry, payload))
 
 

@@ -5,9 +5,10 @@ Threads, and who may touch widget state:
 * the sampler thread (shared through :func:`gpumem.core.monitor.default_monitor`) records samples into
   the monitor's timeline, the one store the curves are read from; a panel's listener keeps the newest
   snapshot and the peaks since open, nothing else;
-* the front end's messages (button clicks, option changes, view counts) arrive on the kernel's
-  comm thread, which with JupyterLab >= 4.4 and ipykernel 7 runs *while a cell is executing*. Their
-  handlers only queue a typed command (:mod:`gpumem.panel.commands`) and wake the writer;
+* the front end's messages (button clicks, option changes, view counts) are handled on a kernel
+  subshell gpumem owns (:mod:`gpumem.panel.routing`; ipykernel 7), whose thread runs *while a cell is
+  executing*. Their handlers only queue a typed command (:mod:`gpumem.panel.commands`) and wake the
+  writer;
 * Free runs on its own short-lived worker thread (:mod:`gpumem.panel.freeing`);
 * one writer thread, shared by every open panel (:mod:`gpumem.panel.writer`), is the only one that
   sets widget traits after a panel is built. It sends nothing while no view of a panel is shown, and
@@ -49,6 +50,7 @@ from gpumem.panel.options import (
     make_options,
 )
 from gpumem.panel.readings import PeaksSinceOpen, Readings, SamplerClaim, device_indices
+from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
 from gpumem.panel.writer import IDLE_WAIT_S, PushSchedule, close_all, register, shared_writer, unregister
 from gpumem.panel.writer import open_panels as _open_panels
@@ -141,6 +143,8 @@ class Panel(PanelView):
         self._last_frame: CurveFrame | None = None
         self._error: str | None = None
         self._connect()
+        # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
+        self._route = route_widget_tree(self)
         register(self)
         self._monitor.sampler.add_listener(self._on_sample)
         # The figures at opening: the baseline of "peak since open" and a header before the first tick.
@@ -149,7 +153,7 @@ class Panel(PanelView):
         shared_writer.add(self._service)
 
     def _connect(self) -> None:
-        """Handlers run on the comm thread (possibly while a cell runs): they only queue work."""
+        """Handlers run on a subshell thread (possibly while a cell runs): they only queue work."""
         self._free_button.on_click(lambda _b: self.free(deep=bool(self._deep.value), wait=False))
         self._pause_button.on_click(lambda _b: self._post(TogglePause()))
         self._reset_button.on_click(lambda _b: self._post(ResetPeak()))
@@ -217,6 +221,9 @@ class Panel(PanelView):
         self._free.join(10.0)
         self.close_parts()
         super().close()
+        route = getattr(self, "_route", None)
+        if route is not None:
+            route.release()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         if not self._closed:
