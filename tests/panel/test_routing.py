@@ -2,7 +2,8 @@
 
 A real ipykernel, spoken to as JupyterLab speaks to it (jupyter_client, the front end's session id in
 every header): a Free click and a sidebar request sent 1 s into a cell that sleeps for 8 s must be
-answered before that cell ends. The browser does the same in tests/e2e/test_panel_browser.py.
+answered before that cell ends, and the views of a page that went away must stop counting. The
+browser does the same in tests/e2e/test_panel_browser.py.
 """
 
 from __future__ import annotations
@@ -156,3 +157,28 @@ def test_sidebar_request_during_a_cell_and_unload_leaves_no_subshell(kernel: Any
     assert "before True" in out
     assert "after None False" in out
 
+
+def test_views_of_a_page_that_said_bye_stop_counting(kernel: Any) -> None:
+    """Page A shows the panel once and is reloaded: page B starts from A's count, shows it once,
+    then clears it. Without A's bye, ipywidgets' count would stay at 1 with no view anywhere."""
+    ids = _run(kernel, "%load_ext gpumem\nimport gpumem\npanel = gpumem.Panel(window='1min')\nprint(panel.model_id)")
+    panel = ids.split()[-1]
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    status_a = _comm_open(kernel, "gpumem.status", {"request": "snapshot"}, first)
+    _comm_open(kernel, "gpumem.status", {"request": "snapshot"}, second)
+
+    def views(count: int, session: str) -> None:
+        _comm_msg(kernel, panel, {"method": "update", "state": {"_view_count": count}, "buffer_paths": []}, session)
+
+    _run(
+        kernel,
+        "import time\ndef probe(count, shown):\n    deadline = time.monotonic() + 10\n"
+        "    while (panel._view_count, panel._views.shown()) != (count, shown) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n    print(panel._view_count, panel._views.shown(), panel.visible)",
+    )
+    views(1, first)
+    views(2, second)
+    assert _run(kernel, "probe(2, 2)").split() == ["2", "2", "True"]
+    _comm_msg(kernel, status_a, {"request": "bye"}, first)  # page A goes away
+    views(1, second)  # page B clears its output
+    assert _run(kernel, "probe(1, 0)").split() == ["1", "0", "False"]

@@ -52,14 +52,11 @@ from gpumem.panel.options import (
 from gpumem.panel.readings import PeaksSinceOpen, Readings, SamplerClaim, device_indices
 from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
+from gpumem.panel.views import ViewCount, sending_page
 from gpumem.panel.writer import IDLE_WAIT_S, PushSchedule, close_all, register, shared_writer, unregister
 from gpumem.panel.writer import open_panels as _open_panels
 
 __all__ = ["Panel", "PanelStats", "close_all", "open_panels"]
-
-# A view that was just displayed but has not reported itself yet (older front ends report only
-# once the running cell ends) is treated as shown for this long.
-_UNREPORTED_VIEW_GRACE_S = 15.0
 
 
 class PanelStats(NamedTuple):
@@ -78,20 +75,6 @@ class PanelStats(NamedTuple):
 def open_panels() -> list[Panel]:
     """The panels not closed yet, oldest first."""
     return cast("list[Panel]", _open_panels())
-
-
-class _Views:
-    """Whether a view of the panel is shown: the front end's count, or a grace period after display."""
-
-    def __init__(self) -> None:
-        self.displayed_at: float | None = None
-        self.reported = False
-
-    def visible(self, now: float, view_count: int) -> bool:
-        if view_count > 0:
-            return True
-        shown_at = self.displayed_at
-        return not self.reported and shown_at is not None and now - shown_at < _UNREPORTED_VIEW_GRACE_S
 
 
 class Panel(PanelView):
@@ -135,7 +118,7 @@ class Panel(PanelView):
         self._readings = Readings(self._monitor)
         self._peaks = PeaksSinceOpen()
         self._claim = SamplerClaim(self._monitor, ("panel", id(self)), enabled=autostart)
-        self._views = _Views()
+        self._views = ViewCount()
         self._schedule = PushSchedule()
         self._paused = False
         self._free = FreeWorker()
@@ -177,7 +160,7 @@ class Panel(PanelView):
     @property
     def visible(self) -> bool:
         """Whether a view of this panel is shown somewhere (updates are sent only then)."""
-        return self._views.visible(time.monotonic(), int(self._view_count or 0))
+        return self._views.visible(time.monotonic())
 
     def stats(self) -> PanelStats:
         return self._stats
@@ -242,7 +225,7 @@ class Panel(PanelView):
         shared_writer.wake()
 
     def _on_views(self, change: dict[str, Any]) -> None:
-        self._views.reported = True
+        self._views.changed(sending_page(self.comm), int(change.get("old") or 0), int(change.get("new") or 0))
         if (change.get("new") or 0) > 0:
             self._acquire()
         self._post(ViewsChanged())
@@ -294,8 +277,8 @@ class Panel(PanelView):
             self._HANDLERS[type(command)](self, command)
         force = force or bool(self._refreshed)
         now = time.monotonic()
-        visible = self._views.visible(now, int(self._view_count or 0))
-        self._stats = self._stats._replace(views=int(self._view_count or 0), visible=visible)
+        visible = self._views.visible(now)
+        self._stats = self._stats._replace(views=self._views.shown(), visible=visible)
         if not force and (self._paused or not visible):
             return now + IDLE_WAIT_S
         if force or self._schedule.header_due(now):
