@@ -82,7 +82,8 @@ function activate(
       refresh();
     });
   };
-  // Close this page's comms when it goes away, so the kernel stops sending to them.
+  // Close this page's comms when it goes away, so the kernel stops sending to them and
+  // stops counting this page's widget views (they are never removed one by one then).
   window.addEventListener('pagehide', () => {
     for (const connection of connections.values()) {
       connection.dispose();

@@ -1,6 +1,6 @@
 /**
  * The wire protocol between the gpumem kernel side (gpumem._frontend) and
- * this front-end extension. Keep in sync with src/gpumem/_frontend.py.
+ * this front-end extension. Keep in sync with src/gpumem/panel/frontend.py.
  */
 
 /** Output mime type asking the front end to dock a panel in the sidebar. */
@@ -42,12 +42,16 @@ export type KernelMessageData =
 
 /**
  * Front end -> kernel requests on the status comm. `keepalive` is sent every
- * KEEPALIVE_MS so the kernel can drop comms of pages that went away.
+ * KEEPALIVE_MS so the kernel can drop comms of pages that went away; `bye`
+ * when the page goes away (reload, tab closed), so that the kernel stops
+ * counting the widget views of this page at once (they are never removed one
+ * by one then).
  */
 export type FrontendRequest =
   | { request: 'snapshot' }
   | { request: 'sidebar' }
-  | { request: 'keepalive' };
+  | { request: 'keepalive' }
+  | { request: 'bye' };
 
 export const KEEPALIVE_MS = 30000;
 

@@ -330,8 +330,11 @@ export class StatusConnection {
   }
 
   /**
-   * Forget the comm; close it on the kernel side too when `notify` and this
-   * front end opened it (the kernel's beacon comm stays open).
+   * Forget the comm. With `notify`, tell the kernel that this front end stops
+   * listening (also when the page goes away: its widget views are never
+   * removed one by one then, and the kernel stops counting them): close the
+   * comm when this front end opened it, else say `bye` on it (the kernel's
+   * beacon comm stays open).
    */
   private _closeComm(notify = true): void {
     const comm = this._comm;
@@ -340,13 +343,19 @@ export class StatusConnection {
     }
     this._comm = null;
     this._payload = null;
-    if (notify && this._owned && !comm.isDisposed) {
+    if (notify && !comm.isDisposed) {
       try {
-        comm.close();
+        if (this._owned) {
+          comm.close();
+        } else {
+          const bye: FrontendRequest = { request: 'bye' };
+          comm.send(bye as any);
+        }
       } catch {
         // the kernel is gone
       }
-    } else if (!comm.isDisposed) {
+    }
+    if (!comm.isDisposed) {
       comm.dispose();
     }
     this._changed.emit();

@@ -3,6 +3,10 @@
 What a person would check: the panel renders, its curve rises in the SVG when a cell allocates a
 large host array, Free reclaims it and says so, the curve keeps moving and Free works while a long
 cell is still running, and nothing is sent once the panel's output is cleared.
+
+And the case that matters when memory is short: the FIRST click on Free, in a fresh kernel, while a
+cell runs (training), is answered at once: inline, after a page reload, and in the sidebar. (Before
+the fix it was answered only when the cell ended: the kernel routed it to the busy main shell.)
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# The fixture that makes the servers load gpumem's front-end extension (the reload and sidebar cases need it).
+from test_sidebar_browser import labextension  # noqa: F401
+
 from _harness import (
     JupyterServer,
     artifacts_path,
@@ -22,6 +29,7 @@ from _harness import (
     run_cell,
     save_screenshot,
     wait_for_cell_done,
+    wait_for_kernel_idle,
     wait_for_output,
 )
 
@@ -31,6 +39,11 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.browser
 
 PANEL = ".gpumem-panel"
+SIDEBAR_PANEL = "#gpumem-sidebar .gpumem-panel"
+# What training looks like to the kernel: a cell that keeps the main thread busy.
+LONG_CELL = "import time\nfor i in range(15): time.sleep(1)"
+CLICK_INTO_CELL_S = 3.0
+ANSWER_WITHIN_S = 5.0
 HOST_GREEN = "rgb(22, 163, 74)"
 GIB = 1 << 30
 
@@ -210,7 +223,8 @@ def _traffic_while_shown_and_after_clearing(page: Page, traffic: _WidgetTraffic,
     page.keyboard.press("Escape")
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-cell-output')")
     _wait_for(lambda: page.locator(PANEL).count() == 0, 15, "the panel output to clear", page)
-    views = run_cell(page, "print('views', gw.open_panels()[0]._view_count)")  # gw: imported by an earlier cell
+    # The views the panel counts (the pages still there), gw imported by an earlier cell.
+    views = run_cell(page, "print('views', gw.open_panels()[0]._views.shown())")
     wait_for_output(views, "views 0")
     page.wait_for_timeout(500)
     hidden_start = time.monotonic()
@@ -241,3 +255,93 @@ def test_panel_in_notebook7(notebook_server: JupyterServer, browser_page: Page) 
     page.locator(f"{PANEL} button", has_text="Free").first.click()
     _wait_for(lambda: _message(page).startswith("Freed"), 30, "Free's message in Notebook 7", page)
     page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "panel_notebook7.png"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The first Free click while a cell runs, in a fresh kernel (a new notebook per test)
+# ------------------------------------------------------------------------------------------------
+
+
+def _first_free_click_during_a_cell(page: Page, panel: str, case: str) -> float:
+    """Run :data:`LONG_CELL`, click the panel's Free 3 s into it; seconds until the panel answers.
+
+    The cell is interrupted once the answer is seen (what matters is when the answer came)."""
+    loop = run_cell(page, LONG_CELL, wait=False)
+    _wait_for(lambda: _prompt_running(loop), 20, "the long cell to start", page)
+    time.sleep(CLICK_INTO_CELL_S)
+    message = page.locator(f"{panel} .gm-msg").first
+    before = message.inner_text()
+    clicked = time.monotonic()
+    page.locator(f"{panel} button", has_text="Free").first.click()
+    answer_s = None
+    while answer_s is None and time.monotonic() - clicked < 20:
+        text = message.inner_text()
+        if text != before and ("Freeing" in text or text.startswith("Freed")):
+            answer_s = time.monotonic() - clicked
+        else:
+            page.wait_for_timeout(50)
+    running = _prompt_running(loop)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+    wait_for_cell_done(loop, timeout=30)
+    _record_answer(case, answer_s)
+    assert answer_s is not None, f"{case}: Free did not answer within 20 s of the click"
+    assert answer_s < ANSWER_WITHIN_S, f"{case}: Free answered {answer_s:.1f} s after the click"
+    assert running, f"{case}: the cell ended before Free answered ({answer_s:.1f} s); the test proves nothing"
+    return answer_s
+
+
+def _record_answer(case: str, answer_s: float | None) -> None:
+    """test-artifacts/panel_first_click.json: seconds from the click to the answer, per case."""
+    path = artifacts_path() / "panel_first_click.json"
+    try:
+        answers = json.loads(path.read_text())
+    except (OSError, ValueError):
+        answers = {}
+    answers[case] = None if answer_s is None else round(answer_s, 2)
+    path.write_text(json.dumps(answers, indent=1, sort_keys=True))
+
+
+def test_first_free_click_during_a_cell(jupyter_server: JupyterServer, browser_page: Page) -> None:
+    page = browser_page
+    jupyter_server.make_notebook("first_click.ipynb", [""])
+    open_notebook(page, jupyter_server, "first_click.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    run_cell(page, "%gpumem monitor")
+    page.locator(PANEL).first.wait_for(state="visible")
+    _first_free_click_during_a_cell(page, PANEL, "inline")
+
+
+@pytest.mark.usefixtures("labextension")
+def test_first_free_click_after_a_page_reload(jupyter_server: JupyterServer, browser_page: Page) -> None:
+    """Reload while the kernel lives: the panel re-renders, counts only the new page's view, answers
+    the first click during a cell at once, and sends nothing once its output is cleared."""
+    page = browser_page
+    traffic = _WidgetTraffic(page)
+    jupyter_server.make_notebook("reload_click.ipynb", [""])
+    open_notebook(page, jupyter_server, "reload_click.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    panel_cell = run_cell(page, "%gpumem monitor --window 1min")
+    page.locator(PANEL).first.wait_for(state="visible")
+    views = run_cell(page, "import gpumem.panel.sidebar as gw\nprint('views', gw.open_panels()[0]._views.shown())")
+    wait_for_output(views, "views 1")
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="reload_click.ipynb").wait_for(state="detached")
+    page.reload(wait_until="domcontentloaded")
+    wait_for_kernel_idle(page)
+    page.locator(PANEL).first.wait_for(state="visible")
+    # ipywidgets' own count is 2 now (the old page never took its view back); the panel counts 1.
+    views = run_cell(page, "print('views', gw.open_panels()[0]._views.shown())")
+    wait_for_output(views, "views 1")
+    _first_free_click_during_a_cell(page, PANEL, "after a page reload")
+    _traffic_while_shown_and_after_clearing(page, traffic, panel_cell)
+
+
+@pytest.mark.usefixtures("labextension")
+def test_first_free_click_in_the_sidebar(jupyter_server: JupyterServer, browser_page: Page) -> None:
+    page = browser_page
+    jupyter_server.make_notebook("sidebar_click.ipynb", [""])
+    open_notebook(page, jupyter_server, "sidebar_click.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    run_cell(page, "%gpumem sidebar")
+    page.locator(SIDEBAR_PANEL).first.wait_for(state="visible")
+    _first_free_click_during_a_cell(page, SIDEBAR_PANEL, "sidebar")

@@ -220,9 +220,9 @@ class FakeComm:
     def close(self) -> None:
         self.closed = True
 
-    # What the kernel's comm manager does on messages from the front end.
-    def receive(self, data: dict[str, Any]) -> None:
-        self._on_msg({"content": {"data": data}})
+    # What the kernel's comm manager does on messages from the front end (``page``: its session id).
+    def receive(self, data: dict[str, Any], page: str = "page") -> None:
+        self._on_msg({"header": {"session": page}, "content": {"data": data}})
 
     def receive_close(self) -> None:
         self.closed = True
@@ -239,9 +239,10 @@ class FakeManager:
     def unregister_target(self, name: str, handler: Any) -> None:
         assert self.targets.pop(name) is handler
 
-    def open_from_frontend(self, data: dict[str, Any] | None = None) -> FakeComm:
+    def open_from_frontend(self, data: dict[str, Any] | None = None, page: str = "page") -> FakeComm:
         comm = FakeComm()
-        self.targets["gpumem.status"](comm, {"content": {"data": data or {"request": "snapshot"}}})
+        message = {"header": {"session": page}, "content": {"data": data or {"request": "snapshot"}}}
+        self.targets["gpumem.status"](comm, message)
         return comm
 
 
@@ -381,6 +382,27 @@ def test_comms_of_pages_that_went_away_are_dropped(frontend: Any) -> None:
     assert gone.closed and not alive.closed and not beacon.closed
     assert frontend.open_status_comms() == 1
     assert len(frontend._comms) == 2
+
+
+def test_pages_that_said_bye_or_closed_their_comm_are_gone(frontend: Any) -> None:
+    shell = FakeShell()
+    frontend.register_status_target(shell)
+    manager = shell.kernel.comm_manager
+    (beacon,) = frontend.announced
+    beacon.receive({"request": "snapshot"}, page="a")  # page a adopts the beacon
+    own = manager.open_from_frontend(page="b")
+    pages = ["a", "b", "never heard"]  # the last: a front end without the extension
+    assert frontend.pages_gone(pages) == frozenset()
+    beacon.receive({"request": "bye"}, page="a")  # page a is reloaded
+    assert frontend.pages_gone(pages) == {"a"}
+    assert not beacon.closed, "the beacon stays open for the next page's comm_info_request"
+    assert frontend.open_status_comms() == 1
+    beacon.receive({"request": "keepalive"}, page="c")  # the reloaded page adopts it
+    assert frontend.pages_gone([*pages, "c"]) == {"a"}
+    own.receive({"request": "bye"}, page="b")  # a page's own comm: closed by the kernel
+    assert own.closed
+    assert frontend.pages_gone([*pages, "c"]) == {"a", "b"}
+    assert frontend.publish_status({"devices": [], "host": {}, "cuda_in_use": False}) == 1
 
 
 def test_publisher_thread_runs_only_while_a_comm_listens(frontend: Any) -> None:

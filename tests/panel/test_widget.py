@@ -482,6 +482,23 @@ def test_sends_nothing_without_a_view_and_pushes_when_one_appears(
     assert recorder.updates(silent_from) == []
 
 
+def test_every_widget_of_the_panel_is_routed_and_views_count_per_page(fake: tuple[FakeSource, Monitor]) -> None:
+    from gpumem.panel.routing import widget_comms
+
+    _source, monitor = fake
+    panel = _panel(monitor)
+    comms = {id(comm) for comm in widget_comms(panel)}
+    parts = [panel, panel._free_button, panel._deep, panel._pause_button, panel._window, panel._header,
+             panel._curves, panel._x_scale, panel._y_axis, panel._free_button.layout, panel._window.style]  # fmt: skip
+    assert all(id(part.comm) in comms for part in parts)
+    assert panel._route is None  # no kernel here: nothing to route to, nothing changed
+    # Views per page: a page that went away stops counting (here none is known gone).
+    panel._views.changed("page-1", 0, 1)
+    panel._views.changed("page-2", 1, 2)
+    panel._views.changed("page-2", 2, 1)
+    assert panel._views.shown() == 1 and panel.visible
+
+
 def test_panels_share_one_sampler_and_close_releases_everything(fake: tuple[FakeSource, Monitor]) -> None:
     _source, monitor = fake
     first = Panel(monitor)

@@ -28,7 +28,8 @@ Status bar: comm target ``gpumem.status`` (:data:`STATUS_TARGET`), opened by eit
   ``{"sidebar_error": "<message>"}`` in answer to a sidebar request.
 * front end -> kernel: ``{"request": "snapshot"}`` (answered at once with one payload),
   ``{"request": "sidebar"}`` (answered by creating a panel with the factory registered through
-  :func:`set_sidebar_factory`) and ``{"request": "keepalive"}`` (no answer).
+  :func:`set_sidebar_factory`), ``{"request": "keepalive"}`` (no answer) and ``{"request": "bye"}``
+  (the page goes away, on the beacon it adopted; no answer).
 
 :func:`register_status_target` (at extension load) registers the target and opens one comm towards
 the front ends, the *beacon*: a front end with the extension adopts it at once, and one connecting
@@ -37,7 +38,9 @@ front end also opens a comm after running code that mentions gpumem. A comm is o
 once a front end has sent a message on it, so front ends without the extension cost nothing; front
 ends send ``{"request": "keepalive"}`` every 30 s and close their comms when the page goes away, and
 comms silent for much longer than the liveliest one are dropped (the beacon just stops being
-published to).
+published to). :func:`pages_gone` says which pages (front-end sessions) are no longer heard, so that
+panels stop counting their views. Messages on these comms are handled on gpumem's own subshell
+(:mod:`gpumem.panel.routing`): a sidebar asked for while a cell runs is answered at once.
 
 Payloads go out from :func:`publish_status` (thread-safe; callable from any thread). While no one else
 publishes, a light daemon thread here publishes the shared monitor's figures (or what the provider set
@@ -52,9 +55,10 @@ import contextvars
 import html
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from gpumem.panel.routing import Route, route_comm
 from gpumem.panel.status import StatusPayload, StatusReader
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "WIDGET_VIEW_MIME",
     "default_status_payload",
     "open_status_comms",
+    "pages_gone",
     "publish_status",
     "register_status_target",
     "set_sidebar_factory",
@@ -158,24 +163,26 @@ class _StatusComm:
     the kernel opened itself, kept open until unload so that a front end connecting later finds the
     target in a ``comm_info_request``."""
 
-    __slots__ = ("beacon", "comm", "confirmed", "context", "last_seen")
+    __slots__ = ("beacon", "comm", "confirmed", "context", "last_seen", "page", "route")
 
     def __init__(self, comm: Any, confirmed: bool, beacon: bool = False) -> None:
         self.comm = comm
         self.confirmed = confirmed
         self.beacon = beacon
         self.last_seen = time.monotonic()
-        # The context of the last kernel message handled for this comm, in which every send runs.
+        self.page: str | None = None  # the session id of the front end's connection: its page
+        self.route: Route | None = None  # its messages go to gpumem's subshell
+        # The context of the last kernel message handled for this comm, in which every send runs:
         # ipykernel (7.x) takes the parent of a message sent from a background thread from the last
-        # request handled on ANY subshell, and routes the front end's next messages on this comm to
-        # that parent's subshell; JupyterLab deletes per-target subshells when their comms close
-        # (ipywidgets' control comm does at every page load), and the messages are then lost.
-        # Sending in this comm's own context keeps them routed to its own subshell.
+        # request handled on ANY subshell; this gives the messages this comm's own parent.
         self.context = contextvars.copy_context()
 
 
 _lock = threading.RLock()
 _comms: dict[int, _StatusComm] = {}
+# Pages (front-end sessions) that have spoken on a status comm, oldest first; bounded.
+_pages_heard: dict[str, None] = {}
+_MAX_PAGES_HEARD = 1024
 _registered_manager: Any = None
 _provider: Callable[[], StatusPayload] | None = None
 _sidebar_factory: Callable[[], Any] | None = None
@@ -250,8 +257,7 @@ def unregister_status_target() -> None:
     with _lock:
         comms = _unregister_locked()
     for entry in comms:
-        with contextlib.suppress(Exception):
-            entry.comm.close()
+        _close(entry)
     thread = _publisher
     if thread is not None and thread is not threading.current_thread():
         thread.join(timeout=2 * PUBLISH_INTERVAL_S)
@@ -267,6 +273,7 @@ def _unregister_locked() -> list[_StatusComm]:
             manager.unregister_target(STATUS_TARGET, _on_comm_open)
     comms = list(_comms.values())
     _comms.clear()
+    _pages_heard.clear()
     return comms
 
 
@@ -285,6 +292,7 @@ def _on_comm_open(comm: Any, msg: dict[str, Any]) -> None:
     """Comm target handler: a front end opened a status comm; answer with a snapshot at once."""
     entry = _track(comm, confirmed=True)
     if entry is not None:
+        _heard_from(entry, msg)
         _send(entry, _build_payload())
         data = (msg.get("content") or {}).get("data") or {}
         if isinstance(data, dict) and data.get("request") == "sidebar":
@@ -310,6 +318,7 @@ def _track(comm: Any, *, confirmed: bool, beacon: bool = False) -> _StatusComm |
 
     comm.on_msg(on_msg)
     comm.on_close(on_close)
+    entry.route = route_comm(comm)
     if confirmed:
         _ensure_publisher()
     return entry
@@ -319,6 +328,19 @@ def _drop(entry: _StatusComm) -> None:
     with _lock:
         if _comms.get(id(entry.comm)) is entry:
             del _comms[id(entry.comm)]
+    _release(entry)
+
+
+def _close(entry: _StatusComm) -> None:
+    with contextlib.suppress(Exception):
+        entry.comm.close()
+    _release(entry)
+
+
+def _release(entry: _StatusComm) -> None:
+    route, entry.route = entry.route, None
+    if route is not None:
+        route.release()
 
 
 def _on_comm_msg(entry: _StatusComm, msg: dict[str, Any]) -> None:
@@ -326,6 +348,7 @@ def _on_comm_msg(entry: _StatusComm, msg: dict[str, Any]) -> None:
     request = data.get("request") if isinstance(data, dict) else None
     entry.last_seen = time.monotonic()
     entry.context = contextvars.copy_context()
+    _heard_from(entry, msg)
     if not entry.confirmed:
         entry.confirmed = True
         _ensure_publisher()
@@ -333,6 +356,38 @@ def _on_comm_msg(entry: _StatusComm, msg: dict[str, Any]) -> None:
         _send(entry, _build_payload())
     elif request == "sidebar":
         _answer_sidebar(entry)
+    elif request == "bye":
+        _said_bye(entry)
+
+
+def _said_bye(entry: _StatusComm) -> None:
+    """The page stops listening (it goes away): the beacon stays open, unpublished; a comm of its own closes."""
+    with _lock:
+        entry.confirmed = False
+        closing = not entry.beacon and _comms.pop(id(entry.comm), None) is entry
+    if closing:
+        _close(entry)
+
+
+def _heard_from(entry: _StatusComm, msg: dict[str, Any]) -> None:
+    page = (msg.get("header") or {}).get("session")
+    if not isinstance(page, str) or not page:
+        return
+    with _lock:
+        entry.page = page
+        _pages_heard.pop(page, None)
+        _pages_heard[page] = None
+        if len(_pages_heard) > _MAX_PAGES_HEARD:
+            del _pages_heard[next(iter(_pages_heard))]
+
+
+def pages_gone(pages: Iterable[str]) -> frozenset[str]:
+    """Of ``pages`` (front-end session ids), those that spoke on a status comm and have none left
+    that is listened to: closed, or silent far longer than the liveliest (a reloaded or closed page).
+    A page never heard on a status comm (a front end without the extension) is never gone."""
+    with _lock:
+        live = {e.page for e in _comms.values() if e.confirmed}
+        return frozenset(p for p in pages if p in _pages_heard and p not in live)
 
 
 def _answer_sidebar(entry: _StatusComm) -> None:
@@ -392,8 +447,7 @@ def _publish(payload: StatusPayload) -> int:
                 del _comms[id(entry.comm)]
                 closing.append(entry)
     for entry in closing:
-        with contextlib.suppress(Exception):
-            entry.comm.close()
+        _close(entry)
     return sum(1 for entry in targets if _send(entry, payload))
 
 

@@ -5,9 +5,10 @@ Threads, and who may touch widget state:
 * the sampler thread (shared through :func:`gpumem.core.monitor.default_monitor`) records samples into
   the monitor's timeline, the one store the curves are read from; a panel's listener keeps the newest
   snapshot and the peaks since open, nothing else;
-* the front end's messages (button clicks, option changes, view counts) arrive on the kernel's
-  comm thread, which with JupyterLab >= 4.4 and ipykernel 7 runs *while a cell is executing*. Their
-  handlers only queue a typed command (:mod:`gpumem.panel.commands`) and wake the writer;
+* the front end's messages (button clicks, option changes, view counts) are handled on a kernel
+  subshell gpumem owns (:mod:`gpumem.panel.routing`; ipykernel 7), whose thread runs *while a cell is
+  executing*. Their handlers only queue a typed command (:mod:`gpumem.panel.commands`) and wake the
+  writer;
 * Free runs on its own short-lived worker thread (:mod:`gpumem.panel.freeing`);
 * one writer thread, shared by every open panel (:mod:`gpumem.panel.writer`), is the only one that
   sets widget traits after a panel is built. It sends nothing while no view of a panel is shown, and
@@ -49,15 +50,13 @@ from gpumem.panel.options import (
     make_options,
 )
 from gpumem.panel.readings import PeaksSinceOpen, Readings, SamplerClaim, device_indices
+from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
+from gpumem.panel.views import ViewCount, sending_page
 from gpumem.panel.writer import IDLE_WAIT_S, PushSchedule, close_all, register, shared_writer, unregister
 from gpumem.panel.writer import open_panels as _open_panels
 
 __all__ = ["Panel", "PanelStats", "close_all", "open_panels"]
-
-# A view that was just displayed but has not reported itself yet (older front ends report only
-# once the running cell ends) is treated as shown for this long.
-_UNREPORTED_VIEW_GRACE_S = 15.0
 
 
 class PanelStats(NamedTuple):
@@ -76,20 +75,6 @@ class PanelStats(NamedTuple):
 def open_panels() -> list[Panel]:
     """The panels not closed yet, oldest first."""
     return cast("list[Panel]", _open_panels())
-
-
-class _Views:
-    """Whether a view of the panel is shown: the front end's count, or a grace period after display."""
-
-    def __init__(self) -> None:
-        self.displayed_at: float | None = None
-        self.reported = False
-
-    def visible(self, now: float, view_count: int) -> bool:
-        if view_count > 0:
-            return True
-        shown_at = self.displayed_at
-        return not self.reported and shown_at is not None and now - shown_at < _UNREPORTED_VIEW_GRACE_S
 
 
 class Panel(PanelView):
@@ -133,7 +118,7 @@ class Panel(PanelView):
         self._readings = Readings(self._monitor)
         self._peaks = PeaksSinceOpen()
         self._claim = SamplerClaim(self._monitor, ("panel", id(self)), enabled=autostart)
-        self._views = _Views()
+        self._views = ViewCount()
         self._schedule = PushSchedule()
         self._paused = False
         self._free = FreeWorker()
@@ -141,6 +126,8 @@ class Panel(PanelView):
         self._last_frame: CurveFrame | None = None
         self._error: str | None = None
         self._connect()
+        # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
+        self._route = route_widget_tree(self)
         register(self)
         self._monitor.sampler.add_listener(self._on_sample)
         # The figures at opening: the baseline of "peak since open" and a header before the first tick.
@@ -149,7 +136,7 @@ class Panel(PanelView):
         shared_writer.add(self._service)
 
     def _connect(self) -> None:
-        """Handlers run on the comm thread (possibly while a cell runs): they only queue work."""
+        """Handlers run on a subshell thread (possibly while a cell runs): they only queue work."""
         self._free_button.on_click(lambda _b: self.free(deep=bool(self._deep.value), wait=False))
         self._pause_button.on_click(lambda _b: self._post(TogglePause()))
         self._reset_button.on_click(lambda _b: self._post(ResetPeak()))
@@ -173,7 +160,7 @@ class Panel(PanelView):
     @property
     def visible(self) -> bool:
         """Whether a view of this panel is shown somewhere (updates are sent only then)."""
-        return self._views.visible(time.monotonic(), int(self._view_count or 0))
+        return self._views.visible(time.monotonic())
 
     def stats(self) -> PanelStats:
         return self._stats
@@ -217,6 +204,9 @@ class Panel(PanelView):
         self._free.join(10.0)
         self.close_parts()
         super().close()
+        route = getattr(self, "_route", None)
+        if route is not None:
+            route.release()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         if not self._closed:
@@ -235,7 +225,7 @@ class Panel(PanelView):
         shared_writer.wake()
 
     def _on_views(self, change: dict[str, Any]) -> None:
-        self._views.reported = True
+        self._views.changed(sending_page(self.comm), int(change.get("old") or 0), int(change.get("new") or 0))
         if (change.get("new") or 0) > 0:
             self._acquire()
         self._post(ViewsChanged())
@@ -287,8 +277,8 @@ class Panel(PanelView):
             self._HANDLERS[type(command)](self, command)
         force = force or bool(self._refreshed)
         now = time.monotonic()
-        visible = self._views.visible(now, int(self._view_count or 0))
-        self._stats = self._stats._replace(views=int(self._view_count or 0), visible=visible)
+        visible = self._views.visible(now)
+        self._stats = self._stats._replace(views=self._views.shown(), visible=visible)
         if not force and (self._paused or not visible):
             return now + IDLE_WAIT_S
         if force or self._schedule.header_due(now):
