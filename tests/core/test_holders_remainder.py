@@ -309,3 +309,19 @@ def test_free_magic_accepts_workspaces(ip: Any) -> None:
     assert result.success, text
     assert "no cuBLAS workspace to release" in text
     run_cell_capture(ip, "%unload_ext gpumem")
+
+
+def test_saved_tensors_are_read_as_torch_2_11_exposes_them() -> None:
+    """torch 2.11's SavedTensor has ``data`` and ``register_hooks`` but no ``unpack``: still read through ``data``."""
+    from gpumem.core.holders.graphs import _saved_data
+
+    tensor = torch.zeros(3)
+
+    class SavedTensor211:
+        data = property(lambda self: tensor)
+
+        def register_hooks(self, *hooks: object) -> None:
+            raise AssertionError("never called")
+
+    assert _saved_data(SavedTensor211()) is tensor
+    assert _saved_data(tensor) is tensor

@@ -92,7 +92,8 @@ class _NodeReader:
 
 def _saved_data(item: Any) -> Any:
     """A SavedTensor's tensor without unpack hooks (None after backward); a plain tensor as it is."""
-    if hasattr(type(item), "unpack") and hasattr(type(item), "data"):
+    kind = type(item)  # torch._C._autograd.SavedTensor: ``data`` and ``register_hooks`` in every torch 2.x
+    if hasattr(kind, "data") and (hasattr(kind, "register_hooks") or hasattr(kind, "unpack")):
         try:
             return item.data
         except Exception:
