@@ -325,3 +325,31 @@ def test_saved_tensors_are_read_as_torch_2_11_exposes_them() -> None:
 
     assert _saved_data(SavedTensor211()) is tensor
     assert _saved_data(tensor) is tensor
+
+
+def test_node_wrappers_made_afresh_at_each_access_are_all_walked() -> None:
+    """torch 2.11 can hand out a new Python wrapper per access: a freed wrapper's id() must not hide a later node."""
+    from gpumem.core.holders.graphs import GraphWalker, saved_by_graphs
+    from gpumem.core.holders.tensors import DeviceFilter
+    from gpumem.core.holders.walk import Root
+
+    saved = [torch.zeros(25 * (index + 1)) for index in range(8)]
+
+    class Node:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        @property
+        def _raw_saved_input(self) -> Any:
+            return saved[self.index]
+
+        @property
+        def next_functions(self) -> tuple[tuple[Any, int], ...]:  # a new wrapper each time, as from C++
+            return ((Node(self.index + 1), 0),) if self.index + 1 < len(saved) else ()
+
+    walker = GraphWalker(torch, DeviceFilter("cpu", None), 5, 10_000, float("inf"))
+    root = Root("loss", "Tensor", 0, hidden=False)
+    walker.graph_starts[id(root)] = {0: Node(0)}
+    _, total, notes = saved_by_graphs(torch, walker, [root])
+    assert notes == []
+    assert total == sum(tensor.nbytes for tensor in saved)

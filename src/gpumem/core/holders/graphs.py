@@ -129,7 +129,9 @@ def saved_by_graphs(
     known: set[StorageKey] = set(walker.sizes)
     per_root: dict[int, int] = {}
     counted: dict[StorageKey, int] = {}
-    seen: set[int] = set()
+    # Node wrappers can be made afresh at each access and freed after: keep each visited one alive, or a
+    # later node could reuse its id() and be taken for one already seen.
+    seen: dict[int, Any] = {}
     notes: list[str] = []
     nodes = 0
     for root in sorted(roots, key=lambda r: (r.hidden, r.order)):
@@ -138,7 +140,7 @@ def saved_by_graphs(
             node = queue.popleft()
             if id(node) in seen:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = node
             nodes += 1
             if nodes > max_nodes or (nodes % _CLOCK_EVERY == 0 and time.perf_counter() > walker.deadline):
                 notes.append(f"autograd graphs: stopped after {nodes - 1:,} nodes (saved tensors are a lower bound)")
