@@ -34,8 +34,15 @@ BUDGET_BYTES_PER_S = 50_000
 
 
 def _thread_cpu_s(name: str) -> float:
-    """CPU seconds used so far by the live thread called ``name`` (0 when it is not running)."""
-    ids = {t.native_id for t in threading.enumerate() if t.name == name}
+    """CPU seconds used so far by the live thread called ``name`` (0 when it is not running).
+
+    Read from the thread's own CPU clock (nanoseconds) where there is one: the kernel's per-thread
+    counters that psutil reads tick every 10 ms, which over a few seconds is as coarse as the budget.
+    """
+    threads = [t for t in threading.enumerate() if t.name == name and t.is_alive()]
+    if hasattr(time, "pthread_getcpuclockid"):
+        return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads if t.ident is not None)
+    ids = {t.native_id for t in threads}
     return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
 
 

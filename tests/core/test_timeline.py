@@ -1,8 +1,12 @@
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
+from _harness import SRC_DIR
 from gpumem.core.timeline import DEFAULT_LEVELS, Level, Timeline, decimate_min_max
 
 
@@ -262,3 +266,116 @@ def test_clear_forgets_every_level():
     timeline.clear()
     timeline.append(100.0, {"v": 2.0})
     assert timeline.window() == ([100.0], {"v": [2.0]})
+
+
+# ---- reading only some channels, reading arrays, and what the numpy read must agree with ----
+
+
+def _reference_decimation(times, values, max_points):
+    """The rule, sample by sample: per bucket, the first lowest and the last highest value that are not NaN."""
+    if len(times) <= max_points:
+        return list(times), [list(row) for row in values]
+    buckets = max_points // 2
+    out_times, out_rows = [], [[] for _ in values]
+    for b in range(buckets):
+        lo, hi = b * len(times) // buckets, (b + 1) * len(times) // buckets
+        out_times += [times[lo], times[lo + (hi - lo) // 2]]
+        for row, out in zip(values, out_rows, strict=True):
+            chunk = [(v, i) for i, v in enumerate(row[lo:hi]) if not math.isnan(v)]
+            if not chunk:
+                out.extend((math.nan, math.nan))
+                continue
+            low = min(v for v, _ in chunk)
+            high = max(v for v, _ in chunk)
+            low_at = min(i for v, i in chunk if v == low)
+            high_at = max(i for v, i in chunk if v == high)
+            out.extend((low, high) if low_at <= high_at else (high, low))
+    return out_times, out_rows
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decimation_matches_the_rule_with_ties_and_gaps(seed):
+    rng = random.Random(seed)
+    for _ in range(40):
+        count = rng.randint(0, 700)
+        times = [i * 0.1 for i in range(count)]
+        gap = rng.choice([0.0, 0.3, 0.95])
+        rows = [[math.nan if rng.random() < gap else float(rng.randint(0, 3)) for _ in times] for _ in range(3)]
+        max_points = rng.choice([4, 5, 9, 64, 1_000])
+        series = decimate_min_max(times, dict(zip("abc", rows, strict=True)), max_points)
+        want_times, want_rows = _reference_decimation(times, rows, max_points)
+        assert series.times == want_times
+        for name, want in zip("abc", want_rows, strict=True):
+            assert _same(series.values[name], want), (seed, count, max_points, name)
+
+
+def _mixed_timeline():
+    """Small rings with every hand-over in use, and a channel that appears after the first ones wrapped."""
+    timeline = Timeline((Level(0.0, 20), Level(1.0, 8), Level(4.0, 50)))
+    for i in range(600):
+        values = {"a": float(i % 17), "b": float(-(i % 5))}
+        if i >= 150:
+            values["late"] = 99.0 if i == 160 else float(i % 3)
+        timeline.append(i * 0.1, values)
+    return timeline
+
+
+def test_reading_some_channels_gives_the_same_lines():
+    timeline = _mixed_timeline()
+    for start, end, max_points in ((-INF, INF, 4), (-INF, INF, 10**6), (14.0, 17.0, 10), (50.0, INF, 7)):
+        everything = timeline.window(start, end, max_points)
+        some = timeline.window(start, end, max_points, channels=["late", "a", "missing", "late"])
+        assert some.times == everything.times
+        assert list(some.values) == ["late", "a"]  # in the order asked, once each; unknown names left out
+        for name in some.values:
+            assert _same(some.values[name], everything.values[name])
+    assert max(timeline.window(max_points=4, channels=["late"]).values["late"]) == 99.0
+    assert timeline.window(channels=[]).values == {}
+    with pytest.raises(TypeError, match="sequence of channel names"):
+        timeline.window(channels="late")
+
+
+def test_a_channel_that_appears_late_keeps_its_peak_in_coarse_buckets():
+    timeline = _mixed_timeline()
+    series = timeline.window(max_points=10**6, channels=["late"])
+    late = series.values["late"]
+    assert math.isnan(late[0])  # before it appeared
+    assert max(v for v in late if not math.isnan(v)) == 99.0  # sampled at 16.0 s, only in a 4 s bucket now
+    assert timeline.window(16.5, 17.0, 4, ["late"]).values["late"].count(99.0) == 1
+
+
+def test_window_arrays_agrees_with_window_and_shares_nothing_with_the_store():
+    timeline = _mixed_timeline()
+    arrays = timeline.window_arrays(10.0, INF, 50, ["b", "a"])
+    series = timeline.window(10.0, INF, 50, ["b", "a"])
+    assert arrays.channels == ("b", "a")
+    assert arrays.values.shape == (2, len(series.times))
+    assert arrays.times.tolist() == series.times
+    assert arrays.values.tolist() == [series.values["b"], series.values["a"]]
+    raw = timeline.window_arrays(58.0, INF, 10**6, ["a"])
+    kept = raw.values.copy()
+    for i in range(600, 700):
+        timeline.append(i * 0.1, {"a": -1.0, "b": 0.0, "late": 0.0})  # overwrites the raw ring's slots
+    assert raw.values.tolist() == kept.tolist()
+
+
+def test_the_store_imports_numpy_only_when_read():
+    code = (
+        "import sys\n"
+        "from gpumem.core.timeline import Timeline\n"
+        "timeline = Timeline()\n"
+        "for i in range(100):\n"
+        "    timeline.append(i * 0.1, {'a': float(i)})\n"
+        "timeline.latest(), timeline.nbytes()\n"
+        "print('numpy' in sys.modules)\n"
+        "timeline.window()\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC_DIR), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-c", code]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "True"]

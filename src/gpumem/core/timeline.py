@@ -10,6 +10,11 @@ finer ones, and a hand-over between two levels always falls on an edge both of t
 window is read, stretch by stretch, from the finest level that still holds all of that stretch;
 the bucket that straddles a hand-over is taken whole from the coarser level, so nothing the finer
 level has already lost goes missing.
+
+Storage is preallocated per level (:mod:`gpumem.core.rings`): a ring of float64 keys and a float64
+column per channel, so that appending writes scalars. Windows are read through numpy views of those
+rings and decimated with numpy (:mod:`gpumem.core.windows`, imported on the first read: loading the
+extension imports no numpy).
 """
 
 from __future__ import annotations
@@ -17,19 +22,19 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import filterfalse
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
-__all__ = ["DEFAULT_LEVELS", "Level", "Mark", "Series", "Timeline", "decimate_min_max"]
+from gpumem.core.rings import Bucket, Ring, Row
+
+if TYPE_CHECKING:
+    from gpumem.core.windows import Floats, Points, Scratch
+
+__all__ = ["DEFAULT_LEVELS", "ArraySeries", "Level", "Mark", "Series", "Timeline", "decimate_min_max"]
 
 _NAN = math.nan
 _MIN_POINTS = 4  # two buckets of two extremes each
-
-# Per channel, one bucket's two extremes in the order they occurred.
-_Row = dict[str, tuple[float, float]]
 
 
 class Level(NamedTuple):
@@ -50,6 +55,14 @@ class Series(NamedTuple):
     values: dict[str, list[float]]
 
 
+class ArraySeries(NamedTuple):
+    """A window as arrays: shared times, and one row of ``values`` per name in ``channels``."""
+
+    times: Floats  # float64, monotonic seconds
+    values: Floats  # float64, shape (len(channels), len(times)); NaN where a channel has no value
+    channels: tuple[str, ...]
+
+
 class Mark(NamedTuple):
     """A labelled instant, such as the start of a measured cell."""
 
@@ -57,162 +70,11 @@ class Mark(NamedTuple):
     label: str
 
 
-class _Ring:
-    """A fixed-capacity ring of rows: one key and ``width`` values per channel per row.
-
-    Raw rows are keyed by their time, aggregated rows by their bucket number.
-    """
-
-    def __init__(self, capacity: int, width: int) -> None:
-        self.capacity = capacity
-        self.width = width
-        self.keys = array("d", [_NAN]) * capacity
-        self.columns: dict[str, array[float]] = {}
-        self.count = 0
-        self.head = 0
-        self.evicted: float | None = None  # the key of the newest row overwritten; None: nothing lost yet
-
-    def add_channel(self, name: str) -> None:
-        self.columns[name] = array("d", [_NAN]) * (self.capacity * self.width)
-
-    def _claim(self, key: float) -> int:
-        slot = self.head
-        if self.count == self.capacity:
-            self.evicted = self.keys[slot]
-        else:
-            self.count += 1
-        self.keys[slot] = key
-        self.head = slot + 1 if slot + 1 < self.capacity else 0
-        return slot
-
-    def push_sample(self, time_s: float, values: Mapping[str, float]) -> None:
-        slot = self._claim(time_s)
-        for name, column in self.columns.items():
-            column[slot] = values.get(name, _NAN)
-
-    def push_row(self, key: int, row: _Row) -> None:
-        base = 2 * self._claim(key)
-        for name, column in self.columns.items():
-            column[base], column[base + 1] = row.get(name, (_NAN, _NAN))
-
-    def slot(self, index: int) -> int:
-        """The slot of the ``index``-th oldest row."""
-        return (self.head - self.count + index) % self.capacity
-
-    def runs(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """The rows ``lo`` to ``hi - 1`` (oldest first) as at most two contiguous slot ranges."""
-        if hi <= lo:
-            return []
-        first = self.slot(lo)
-        last = first + hi - lo
-        if last <= self.capacity:
-            return [(first, last)]
-        return [(first, self.capacity), (0, last - self.capacity)]
-
-    def nbytes(self) -> int:
-        item = self.keys.itemsize
-        return item * (len(self.keys) + sum(len(c) for c in self.columns.values()))
-
-
-class _Bucket:
-    """The open bucket of an aggregated level: running min and max per channel."""
-
-    __slots__ = ("high", "key", "low", "low_first")
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-        self.low: dict[str, float] = {}
-        self.high: dict[str, float] = {}
-        self.low_first: dict[str, bool] = {}
-
-    def add(self, values: Mapping[str, float]) -> None:
-        """On the sampler's hot path: NaN (nothing measured) compares false, so it changes nothing."""
-        low, high, low_first = self.low, self.high, self.low_first
-        for name, value in values.items():
-            current = low.get(name)
-            if current is None:
-                if not math.isnan(value):
-                    low[name] = high[name] = value
-                    low_first[name] = True
-            elif value < current:
-                low[name] = value
-                low_first[name] = False
-            elif value > high[name]:
-                high[name] = value
-                low_first[name] = True
-
-    def add_row(self, row: _Row) -> None:
-        """A finer bucket's two extremes, in their order: the same result as adding all its samples."""
-        self.add({name: pair[0] for name, pair in row.items()})
-        self.add({name: pair[1] for name, pair in row.items()})
-
-    def copy(self) -> _Bucket:
-        twin = _Bucket(self.key)
-        twin.low, twin.high, twin.low_first = dict(self.low), dict(self.high), dict(self.low_first)
-        return twin
-
-    def rows(self) -> _Row:
-        """Per channel, the two extremes in the order they occurred."""
-        result: _Row = {}
-        for name, low in self.low.items():
-            high = self.high[name]
-            result[name] = (low, high) if self.low_first[name] else (high, low)
-        return result
-
-
 class _Stretch(NamedTuple):
     """One level's part of a window: rows whose key at level ``lower[0]`` is above ``lower[1]``."""
 
     level: int
     lower: tuple[int, float] | None  # None: everything the level holds, back to its oldest row
-
-
-class _Points:
-    """The window being assembled: times and one list of values per channel."""
-
-    def __init__(self, channels: Sequence[str], start_s: float, end_s: float) -> None:
-        self.times: list[float] = []
-        self.values: dict[str, list[float]] = {name: [] for name in channels}
-        self.start_s = start_s
-        self.end_s = end_s
-
-    def add_samples(self, ring: _Ring, lo: int, hi: int) -> None:
-        for first, last in ring.runs(lo, hi):
-            self.times.extend(ring.keys[first:last])
-            for name, column in ring.columns.items():
-                self.values[name].extend(column[first:last])
-
-    def add_ring_buckets(self, ring: _Ring, lo: int, hi: int, span_s: float) -> None:
-        for first, last in ring.runs(lo, hi):
-            self._add_times(ring.keys[first:last], span_s)
-            for name, column in ring.columns.items():
-                self.values[name].extend(column[2 * first : 2 * last])
-
-    def add_bucket(self, key: int, row: _Row, span_s: float) -> None:
-        self._add_times((key,), span_s)
-        for name, series in self.values.items():
-            series.extend(row.get(name, (_NAN, _NAN)))
-
-    def _add_times(self, keys: Iterable[float], span_s: float) -> None:
-        """A bucket's two extremes go at its start and middle, kept inside the window."""
-        half = span_s / 2
-        times = [time_s for key in keys for time_s in (key * span_s, key * span_s + half)]
-        low, high = self.start_s, self.end_s
-        if times and (times[0] < low or times[-1] > high):
-            times = [min(max(time_s, low), high) for time_s in times]
-        self.times.extend(times)
-
-
-def _first(count: int, above: Callable[[int], bool]) -> int:
-    """The first index in ``range(count)`` where the monotone ``above`` holds (``count`` if none)."""
-    lo, hi = 0, count
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if above(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _check_levels(levels: Sequence[Level]) -> None:
@@ -239,12 +101,13 @@ class Timeline:
         _check_levels(levels)
         self._lock = threading.Lock()
         self._levels = tuple(levels)
-        self._rings = [_Ring(level.capacity, 1 if level.span_s == 0 else 2) for level in levels]
-        self._open: list[_Bucket | None] = [None] * len(levels)
+        self._rings = [Ring(level.capacity, 1 if level.span_s == 0 else 2) for level in levels]
+        self._open: list[Bucket | None] = [None] * len(levels)
         self._channels: list[str] = []
-        self._known: set[str] = set()
+        self._index: dict[str, int] = {}  # channel name -> its column in every ring
         self._marks: deque[Mark] = deque(maxlen=max_marks)
         self._last_time = -math.inf
+        self._scratch: Scratch | None = None  # a read's work arrays, kept for the next read (made by the first)
         spans = [level.span_s for level in levels]
         # Level i's bucket number from level i-1's, by integer division where the spans allow it.
         self._ratios: list[int | None] = [None, None]
@@ -264,39 +127,46 @@ class Timeline:
         """Add one sample; times must not go backwards (a monotonic clock)."""
         if not math.isfinite(time_s):
             raise ValueError(f"time_s must be a finite number of seconds, not {time_s!r}")
-        for name, value in values.items():
+        for value in values.values():
             if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise TypeError(f"the value of channel {name!r} must be a number, not {value!r}")
+                _refuse(values)
         with self._lock:
             if time_s < self._last_time:
                 raise ValueError("samples must be appended in time order")
             self._last_time = time_s
-            if not self._known.issuperset(values):
+            if not self._index.keys() >= values.keys():
                 self._add_channels(values)
-            self._rings[0].push_sample(time_s, values)
-            if len(self._levels) > 1:
-                key = math.floor(time_s / self._levels[1].span_s)
-                bucket = self._open[1]
-                if bucket is None or bucket.key != key:
-                    if bucket is not None:
-                        self._close(1)
-                    bucket = self._open[1] = _Bucket(key)
-                bucket.add(values)
+            raw = self._rings[0]
+            slot = raw.claim(time_s)
+            if len(self._levels) == 1:
+                for name, column in zip(self._channels, raw.columns, strict=True):
+                    column[slot] = values.get(name, _NAN)
+                return
+            key = math.floor(time_s / self._levels[1].span_s)
+            bucket = self._open[1]
+            if bucket is None or bucket.key != key:
+                if bucket is not None:
+                    self._close(1)
+                bucket = self._open[1] = Bucket(key, len(self._channels))
+            bucket.record(slot, values, self._channels, raw.columns)
 
     def _add_channels(self, values: Mapping[str, float]) -> None:
         for name in values:
-            if name not in self._known:
-                self._known.add(name)
+            if name not in self._index:
+                self._index[name] = len(self._channels)
                 self._channels.append(name)
                 for ring in self._rings:
-                    ring.add_channel(name)
+                    ring.add_channel()
+        for bucket in self._open:
+            if bucket is not None:
+                bucket.widen(len(self._channels))
 
     def _close(self, index: int) -> None:
         """Store level ``index``'s open bucket and hand it to the next coarser level's open bucket."""
         bucket = self._open[index]
         assert bucket is not None
         self._open[index] = None
-        row = bucket.rows()
+        row = bucket.row()
         self._rings[index].push_row(bucket.key, row)
         if index + 1 == len(self._levels):
             return
@@ -306,7 +176,7 @@ class Timeline:
             self._close(index + 1)
             coarse = None
         if coarse is None:
-            coarse = self._open[index + 1] = _Bucket(key)
+            coarse = self._open[index + 1] = Bucket(key, len(self._channels))
         coarse.add_row(row)
 
     def _key_above(self, index: int, key: float) -> int:
@@ -341,21 +211,55 @@ class Timeline:
             if ring.count == 0:
                 return None
             slot = ring.slot(ring.count - 1)
-            return ring.keys[slot], {name: column[slot] for name, column in ring.columns.items()}
+            return ring.keys[slot], {
+                name: column[slot] for name, column in zip(self._channels, ring.columns, strict=True)
+            }
 
-    def window(self, start_s: float = -math.inf, end_s: float = math.inf, max_points: int = 2_000) -> Series:
+    def window(
+        self,
+        start_s: float = -math.inf,
+        end_s: float = math.inf,
+        max_points: int = 2_000,
+        channels: Sequence[str] | None = None,
+    ) -> Series:
         """Samples in ``[start_s, end_s]`` at the finest resolution kept, at most ``max_points`` per line.
 
-        Buckets that overlap the window count whole, their points placed inside it.
+        Buckets that overlap the window count whole, their points placed inside it. ``channels``
+        picks the lines to read (those the timeline has, in that order); None reads them all.
         """
+        arrays = self.window_arrays(start_s, end_s, max_points, channels)
+        rows = arrays.values.tolist()
+        return Series(arrays.times.tolist(), dict(zip(arrays.channels, rows, strict=True)))
+
+    def window_arrays(
+        self,
+        start_s: float = -math.inf,
+        end_s: float = math.inf,
+        max_points: int = 2_000,
+        channels: Sequence[str] | None = None,
+    ) -> ArraySeries:
+        """:meth:`window` as numpy arrays, for a caller that computes on them (the panel).
+
+        The arrays are new; the work arrays of the read (up to 4 MiB) are kept for the next one.
+        """
+        from gpumem.core.windows import Points, Scratch, decimate
+
+        _check_max_points(max_points)
+        if isinstance(channels, str):
+            raise TypeError(f"channels must be a sequence of channel names, not the string {channels!r}")
         with self._lock:
-            points = _Points(self._channels, start_s, end_s)
+            names = self._channels if channels is None else [c for c in dict.fromkeys(channels) if c in self._index]
+            points = Points([self._index[name] for name in names], start_s, end_s)
             plan = self._plan()
             tails = self._tails()
             for index in reversed(range(len(plan))):
                 upper = plan[index - 1].lower if index else None
                 self._read(plan[index], upper[1] if upper else None, tails[plan[index].level], points)
-        return decimate_min_max(points.times, points.values, max_points)
+            if self._scratch is None:
+                self._scratch = Scratch()
+            times, values = points.arrays(self._scratch)
+            times, values = decimate(times, values, max_points, self._scratch)  # new arrays, shared with nothing
+            return ArraySeries(times, values, tuple(names))
 
     def _plan(self) -> list[_Stretch]:
         """Finest first: the stretches of time each level supplies (see the module docstring)."""
@@ -391,46 +295,48 @@ class Timeline:
                 return coarser, key
         return None
 
-    def _tails(self) -> list[list[tuple[int, _Row]]]:
+    def _tails(self) -> list[list[tuple[int, Row]]]:
         """Per level, the buckets not in its ring yet: its open bucket and what finer open ones hold."""
-        tails: list[list[tuple[int, _Row]]] = [[]]
-        finer: list[tuple[int, _Row]] = []
+        tails: list[list[tuple[int, Row]]] = [[]]
+        finer: list[tuple[int, Row]] = []
         for index in range(1, len(self._levels)):
             opened = self._open[index]
             buckets = [opened.copy()] if opened is not None else []
             for key, row in finer:
                 coarse = self._key_above(index, key)
                 if not buckets or buckets[-1].key != coarse:
-                    buckets.append(_Bucket(coarse))
+                    buckets.append(Bucket(coarse, len(self._channels)))
                 buckets[-1].add_row(row)
-            finer = [(bucket.key, bucket.rows()) for bucket in buckets]
+            finer = [(bucket.key, bucket.row()) for bucket in buckets]
             tails.append(finer)
         return tails
 
-    def _read(self, stretch: _Stretch, upper: float | None, tail: list[tuple[int, _Row]], points: _Points) -> None:
+    def _read(self, stretch: _Stretch, upper: float | None, tail: list[tuple[int, Row]], points: Points) -> None:
         """Add ``stretch``'s rows (those with a key up to ``upper``) that fall in the window."""
+        from gpumem.core.windows import Keys
+
         level = stretch.level
-        ring = self._rings[level]
-        count = ring.count + len(tail)
-
-        def key(i: int) -> float:
-            return ring.keys[ring.slot(i)] if i < ring.count else tail[i - ring.count][0]
-
-        lo, hi = 0, count
-        if stretch.lower is not None:
-            coarse, bound = stretch.lower
-            lo = _first(count, lambda i: self._key_at(coarse, level, key(i)) > bound)
-        if upper is not None:
-            hi = _first(count, lambda i: key(i) > upper)
-        if level == 0:
-            lo = max(lo, _first(count, lambda i: key(i) >= points.start_s))
-            hi = min(hi, _first(count, lambda i: key(i) > points.end_s))
-            points.add_samples(ring, lo, hi)
-            return
         span = self._levels[level].span_s
         reach = self._reach[level]  # a bucket holds samples from its start to before start + reach
-        lo = max(lo, _first(count, lambda i: key(i) * span + reach > points.start_s))
-        hi = min(hi, _first(count, lambda i: key(i) * span > points.end_s))
+        start_s, end_s = points.start_s, points.end_s
+        if upper is not None and (upper < start_s if level == 0 else upper * span + reach <= start_s):
+            return  # the whole stretch ends before the window
+        ring = self._rings[level]
+        keys = Keys(ring, tail)
+        lo, hi = 0, keys.count
+        if stretch.lower is not None:
+            coarse, bound = stretch.lower
+            near = (bound + 1) * self._levels[coarse].span_s / (self._levels[level].span_s or 1.0)
+            lo = keys.first(lambda key: self._key_at(coarse, level, key) > bound, near)
+        if upper is not None:
+            hi = keys.first(lambda key: key > upper, upper, "right")
+        if level == 0:
+            lo = max(lo, keys.first(lambda key: key >= start_s, start_s))
+            hi = min(hi, keys.first(lambda key: key > end_s, end_s, "right"))
+            points.add_samples(ring, lo, hi)
+            return
+        lo = max(lo, keys.first(lambda key: key * span + reach > start_s, (start_s - reach) / span))
+        hi = min(hi, keys.first(lambda key: key * span > end_s, end_s / span))
         points.add_ring_buckets(ring, lo, min(hi, ring.count), span)
         for i in range(max(lo, ring.count), hi):
             points.add_bucket(*tail[i - ring.count], span)
@@ -442,10 +348,10 @@ class Timeline:
 
     def clear(self) -> None:
         with self._lock:
-            self._rings = [_Ring(ring.capacity, ring.width) for ring in self._rings]
+            self._rings = [Ring(ring.capacity, ring.width) for ring in self._rings]
             for ring in self._rings:
-                for name in self._channels:
-                    ring.add_channel(name)
+                for _ in self._channels:
+                    ring.add_channel()
             self._open = [None] * len(self._levels)
             self._marks.clear()
             self._last_time = -math.inf
@@ -457,32 +363,24 @@ def decimate_min_max(times: Sequence[float], values: Mapping[str, Sequence[float
     Each bucket of consecutive samples becomes two points (its extremes, in the order they
     occurred), so the highest and lowest values of the whole range always survive.
     """
-    count = len(times)
+    import numpy as np
+
+    from gpumem.core.windows import decimate
+
+    _check_max_points(max_points)
+    names = list(values)
+    rows = np.array([values[name] for name in names], np.float64).reshape(len(names), len(times))
+    out_times, out_values = decimate(np.asarray(times, np.float64), rows, max_points)
+    return Series(out_times.tolist(), dict(zip(names, out_values.tolist(), strict=True)))
+
+
+def _check_max_points(max_points: int) -> None:
     if max_points < _MIN_POINTS:
         raise ValueError(f"max_points must be at least {_MIN_POINTS}")
-    if count <= max_points:
-        return Series(list(times), {name: list(series) for name, series in values.items()})
-    buckets = max_points // 2
-    out_times: list[float] = []
-    out_values: dict[str, list[float]] = {name: [] for name in values}
-    for b in range(buckets):
-        lo = b * count // buckets
-        hi = (b + 1) * count // buckets
-        if hi <= lo:
-            continue
-        mid = lo + (hi - lo) // 2
-        out_times.extend((times[lo], times[mid]))
-        for name, series in values.items():
-            out_values[name].extend(_extremes(series[lo:hi]))
-    return Series(out_times, out_values)
 
 
-def _extremes(chunk: Sequence[float]) -> tuple[float, float]:
-    """The lowest and highest finite values in the order they occurred (NaN, NaN when none)."""
-    finite = list(filterfalse(math.isnan, chunk))
-    if not finite:
-        return _NAN, _NAN
-    low, high = min(finite), max(finite)
-    low_at = chunk.index(low)
-    high_at = len(chunk) - 1 - chunk[::-1].index(high)
-    return (low, high) if low_at <= high_at else (high, low)
+def _refuse(values: Mapping[str, object]) -> None:
+    """Name the first channel whose value is not a number (the fast check in append only found one)."""
+    for name, value in values.items():
+        if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"the value of channel {name!r} must be a number, not {value!r}")

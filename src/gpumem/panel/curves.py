@@ -198,11 +198,13 @@ def with_span_mark(frame: CurveFrame, time_s: float | None, label: str, wall_off
 def _read_window(
     timeline: Timeline, start_s: float, end_s: float, points: int, channels: Sequence[str]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Shared times and one row per channel (NaN where a channel has no value)."""
-    series = timeline.window(start_s, end_s, points)
-    times = np.asarray(series.times, dtype=np.float64)
-    rows = [np.asarray(series.values.get(c, [math.nan] * len(times)), dtype=np.float64) for c in channels]
-    return times, (np.vstack(rows) if rows else np.zeros((0, len(times))))
+    """Shared times and one row per channel (NaN where a channel has no value); only these lines are read."""
+    window = timeline.window_arrays(start_s, end_s, points, channels)
+    if window.channels == tuple(channels):
+        return window.times, window.values
+    found = dict(zip(window.channels, window.values, strict=True))
+    rows = [found.get(c, np.full(window.times.size, math.nan)) for c in channels]
+    return window.times, (np.vstack(rows) if rows else np.zeros((0, window.times.size)))
 
 
 def _x_min(window_s: float | None, times: np.ndarray, now_s: float) -> float:
