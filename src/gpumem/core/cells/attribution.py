@@ -12,7 +12,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gpumem.core.cells.record import CellOptions, DeviceChange, HeldVariable, VariableChange
+from gpumem.core.cells.kinds import Kinds, kind_changes, read_kinds
+from gpumem.core.cells.record import CellOptions, DeviceChange, HeldVariable, KindChange, VariableChange
 from gpumem.core.monitor import Monitor
 from gpumem.core.units import format_bytes
 
@@ -46,6 +47,7 @@ class Attribution(NamedTuple):
     held: dict[str, HeldVariable]
     note: str
     ok: bool
+    kinds: Kinds | None = None  # by kind, only from a walk of the whole namespace
 
 
 class VariableReport(NamedTuple):
@@ -54,6 +56,10 @@ class VariableReport(NamedTuple):
     changes: tuple[VariableChange, ...]
     note: str
     graph_paths: tuple[str, ...]
+    kinds: tuple[KindChange, ...] = ()  # empty: this walk or the one before did not cover every kind
+    kinds_since: str = ""
+    graph_saved_bytes: int = 0  # activations kept by the graphs of ``graph_paths``' names
+    gradient_holders: tuple[tuple[str, int], ...] = ()  # (name, bytes of .grad) after the cell, largest first
 
 
 def signatures(namespace: Mapping[str, Any]) -> Signatures:
@@ -106,6 +112,7 @@ class VariableAttribution:
         self.walks = {"full": 0, "changed names": 0}
         self._baseline: dict[str, HeldVariable] = {}
         self._baseline_label = ""
+        self._baseline_kinds: Kinds | None = None
         self._signatures: Signatures | None = None
 
     def at_start(self, namespace: Mapping[str, Any], devices: tuple[int, ...] | None) -> Attribution:
@@ -133,9 +140,12 @@ class VariableAttribution:
             wanted = {f"cuda:{d}" for d in devices}
             held = [h for h in held if wanted.intersection(h.device.split(","))]
         note = ""
-        if getattr(report, "truncated", False):
+        truncated = bool(getattr(report, "truncated", False))
+        if truncated:
             note = "the namespace walk stopped early (too many objects); the list may be incomplete"
-        return Attribution({h.name: h for h in held}, note, True)
+        whole = names is None and not truncated and (devices is None or len(devices) == 1)
+        kinds = read_kinds(report) if whole else None
+        return Attribution({h.name: h for h in held}, note, True, kinds)
 
     def variable_changes(
         self,
@@ -153,21 +163,30 @@ class VariableAttribution:
         attribution = self._walk(namespace, options, devices, hidden, threshold_bytes)
         if not attribution.ok:
             self._signatures = None
+            self._baseline_kinds = None
             return VariableReport((), attribution.note, ())
+        kinds_before = self._baseline_kinds
         if start is not None and start.ok:
             baseline, since, then = start.held, "since the start of the cell", "at the start of the cell"
+            kinds_before = start.kinds
         elif self._baseline_label:
             baseline, since, then = self._baseline, f"since {self._baseline_label}", f"after {self._baseline_label}"
         else:
             baseline, since, then = {}, "(first inspection)", ""
         changes = _grown(attribution.held, baseline)
+        kinds: tuple[KindChange, ...] = ()
+        if kinds_before is not None and attribution.kinds is not None:
+            kinds = kind_changes(kinds_before, attribution.kinds)
         self._baseline = attribution.held
+        self._baseline_kinds = attribution.kinds
         self._baseline_label = f"cell [{count}]" if count is not None else "the previous inspection"
         touched = {change.name for change in changes} | _changed_names(before, self._signatures)
         graph_paths: list[str] = []
+        graph_saved = 0
         for held in sorted(attribution.held.values(), key=lambda h: -h.nbytes):
             if held.graph_paths and (before is None or held.name in touched):
                 graph_paths.extend(held.graph_paths)
+                graph_saved += held.graph_saved_bytes
         if changes:
             note = f"new or grown {since}"
         elif then:
@@ -176,7 +195,13 @@ class VariableAttribution:
             note = "no variable holds GPU memory"
         if attribution.note:
             note += f"; {attribution.note}"
-        return VariableReport(tuple(changes), note, tuple(graph_paths))
+        gradients = sorted(
+            ((h.name, h.gradient_bytes) for h in attribution.held.values() if h.gradient_bytes and not h.hidden),
+            key=lambda pair: -pair[1],
+        )
+        return VariableReport(
+            tuple(changes), note, tuple(graph_paths), kinds, since if kinds else "", graph_saved, tuple(gradients)
+        )
 
     def _walk(
         self,
@@ -251,6 +276,8 @@ def held_variables(report: Any) -> list[HeldVariable]:
             device = getattr(holder, "device", "")
             device_text = f"cuda:{device}" if isinstance(device, int) else str(device or "")
             paths = getattr(holder, "graph_paths", ()) or ()
+            breakdown = getattr(holder, "breakdown", None)
+            gradients = breakdown.get("gradients", 0) if isinstance(breakdown, dict) else 0
             held.append(
                 HeldVariable(
                     name=name,
@@ -259,6 +286,8 @@ def held_variables(report: Any) -> list[HeldVariable]:
                     nbytes=int(getattr(holder, "nbytes", 0) or 0),
                     graph_paths=tuple(str(path) for path in paths),
                     hidden=hidden,
+                    graph_saved_bytes=int(getattr(holder, "graph_saved_bytes", 0) or 0),
+                    gradient_bytes=int(gradients or 0),
                 )
             )
     return held
