@@ -116,12 +116,14 @@ def test_automatic_mode_compares_with_the_last_whole_walk_and_says_nothing_other
     fake.allocate(8 * MIB)
     third = tracker.end(cell, namespace=ns, execution_count=3)
     assert [v.name for v in third.variables] == ["c"]
-    assert third.kinds == ()
-    cell = tracker.begin("fourth")  # the walk before was partial: nothing to compare with either
+    assert third.kinds == () and third.kinds_since == ""
+    cell = tracker.begin("fourth")  # compared with the last whole walk, two cells back
     tracker.incremental = False
     ns["d"] = torch.zeros(MIB)
     fake.allocate(8 * MIB)
-    assert tracker.end(cell, namespace=ns, execution_count=4).kinds == ()
+    fourth = tracker.end(cell, namespace=ns, execution_count=4)
+    assert kinds_of(fourth) == {"other tensors": 8 * MIB}
+    assert fourth.kinds_since == "since cell [2]"
 
 
 def test_activations_kept_by_a_list_of_losses(tracker: CellTracker, fake: FakeSource) -> None:

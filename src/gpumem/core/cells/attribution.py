@@ -112,7 +112,7 @@ class VariableAttribution:
         self.walks = {"full": 0, "changed names": 0}
         self._baseline: dict[str, HeldVariable] = {}
         self._baseline_label = ""
-        self._baseline_kinds: Kinds | None = None
+        self._kinds: tuple[Kinds, str] | None = None  # the last whole walk's kinds, and "since cell [N]"
         self._signatures: Signatures | None = None
 
     def at_start(self, namespace: Mapping[str, Any], devices: tuple[int, ...] | None) -> Attribution:
@@ -163,22 +163,16 @@ class VariableAttribution:
         attribution = self._walk(namespace, options, devices, hidden, threshold_bytes)
         if not attribution.ok:
             self._signatures = None
-            self._baseline_kinds = None
             return VariableReport((), attribution.note, ())
-        kinds_before = self._baseline_kinds
+        kinds, kinds_since = self._kind_changes(start, attribution, count)
         if start is not None and start.ok:
             baseline, since, then = start.held, "since the start of the cell", "at the start of the cell"
-            kinds_before = start.kinds
         elif self._baseline_label:
             baseline, since, then = self._baseline, f"since {self._baseline_label}", f"after {self._baseline_label}"
         else:
             baseline, since, then = {}, "(first inspection)", ""
         changes = _grown(attribution.held, baseline)
-        kinds: tuple[KindChange, ...] = ()
-        if kinds_before is not None and attribution.kinds is not None:
-            kinds = kind_changes(kinds_before, attribution.kinds)
         self._baseline = attribution.held
-        self._baseline_kinds = attribution.kinds
         self._baseline_label = f"cell [{count}]" if count is not None else "the previous inspection"
         touched = {change.name for change in changes} | _changed_names(before, self._signatures)
         graph_paths: list[str] = []
@@ -200,8 +194,24 @@ class VariableAttribution:
             key=lambda pair: -pair[1],
         )
         return VariableReport(
-            tuple(changes), note, tuple(graph_paths), kinds, since if kinds else "", graph_saved, tuple(gradients)
+            tuple(changes), note, tuple(graph_paths), kinds, kinds_since, graph_saved, tuple(gradients)
         )
+
+    def _kind_changes(
+        self, start: Attribution | None, attribution: Attribution, count: int | None
+    ) -> tuple[tuple[KindChange, ...], str]:
+        """By kind, compared with the cell's start or else the last walk of the whole namespace (a walk of
+        the changed names alone sums no kinds); nothing when either is missing."""
+        if start is not None and start.ok:
+            before = None if start.kinds is None else (start.kinds, "since the start of the cell")
+        else:
+            before = self._kinds
+        if attribution.kinds is None:
+            return (), ""
+        self._kinds = (attribution.kinds, f"since cell [{count}]" if count is not None else "since an earlier walk")
+        if before is None:
+            return (), ""
+        return kind_changes(before[0], attribution.kinds), before[1]
 
     def _walk(
         self,

@@ -107,7 +107,8 @@ class VariableChange(NamedTuple):
 
 
 class CellWarning(NamedTuple):
-    """Something the user should act on; ``kind``: leak, graph, output-cache, peak-reset, capacity, fragmentation."""
+    """Something the user should act on; ``kind``: leak, graph, staircase, output-cache, peak-reset, capacity,
+    fragmentation."""
 
     kind: str
     message: str
