@@ -345,3 +345,112 @@ def test_after_a_deep_free_with_little_allocated_no_fragmentation_claim(gpu: Any
     assert not free_reserve(segments)[0].fragmented
     _result, captured = run_cell_capture(gpu, "%gpumem status")
     assert "  standing none" in captured.stdout
+
+
+# -- by kind, staircases, kept activations and gradients -------------------------------------------------
+
+
+def _kind_deltas(record: CellRecord) -> dict[str, int]:
+    """The kinds that changed in the cell, with their exact byte changes."""
+    return {change.kind: change.delta_bytes for change in record.kinds if change.delta_bytes}
+
+
+def test_a_loop_that_keeps_64_mib_per_step_is_a_staircase(gpu: Any) -> None:
+    """30 steps of 64 MiB, 0.15 s apart: the 10 Hz sampler sees each (a late sample may merge two)."""
+    import re
+
+    cell = (
+        "%%gpumem\n"
+        "import time\n"
+        "acc = []\n"
+        "for _ in range(30):\n"
+        "    acc.append(torch.empty(64 << 20, dtype=torch.uint8, device='cuda:0'))\n"
+        "    time.sleep(0.15)"
+    )
+    result, cap = run_cell_capture(gpu, cell)
+    assert result.success
+    record = last()
+    assert device0(record).allocated_delta_bytes == 30 * 64 * MIB
+    (staircase,) = [w for w in record.warnings if w.kind == "staircase"]
+    found = re.match(
+        r"cuda:0 allocated memory rose in (\d+) steps of ~64\.0 MiB \(\+1\.9 GiB\) over ", staircase.message
+    )
+    assert found is not None and 27 <= int(found.group(1)) <= 30, staircase.message
+    assert "never fell: something accumulates per iteration; `acc` grew most (+1.9 GiB)" in staircase.message
+    assert _kind_deltas(record) == {"other tensors": 30 * 64 * MIB}
+    assert "by kind (since the start of the cell): other tensors +1.9 GiB" in cap.outputs[-1].data["text/plain"]
+    # The same loop keeping only the last step's tensor: one rise of 64 MiB, no staircase.
+    assert gpu.run_cell("del acc").success
+    cell = cell.replace("acc.append(", "step = (").replace("acc = []\n", "")
+    assert run_cell_capture(gpu, cell)[0].success
+    assert device0(last()).allocated_delta_bytes == 64 * MIB
+    assert not [w for w in last().warnings if w.kind == "staircase"]
+
+
+def test_validation_without_no_grad_keeps_activations(gpu: Any) -> None:
+    """Each 256x1024 batch keeps its graph: the input (the first addmm's mat1) and the ReLU's result (the
+    second addmm's mat1), 1 MiB each, plus the 1 MiB output that the list names."""
+    setup = (
+        "model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))\n"
+        "model = model.to('cuda:0')\n"
+        "with torch.no_grad():\n"
+        "    _warm = model(torch.randn(256, 1024, device='cuda:0'))  # the cuBLAS workspace, before the cell\n"
+        "del _warm\n"
+        "torch.cuda.synchronize(0)"
+    )
+    assert gpu.run_cell(setup).success
+    cell = "%%gpumem\noutputs = [model(torch.randn(256, 1024, device='cuda:0')) for _ in range(8)]"
+    result, cap = run_cell_capture(gpu, cell)
+    assert result.success
+    record = last()
+    assert device0(record).allocated_delta_bytes == 8 * 3 * MIB
+    assert _kind_deltas(record) == {"activations (saved by autograd graphs)": 16 * MIB, "other tensors": 8 * MIB}
+    text = cap.outputs[-1].data["text/plain"]
+    assert "by kind (since the start of the cell): other tensors +8.0 MiB, activations +16.0 MiB" in text
+    (graph,) = [w for w in record.warnings if w.kind == "graph"]
+    assert "`outputs[0]` … `outputs[7]` (8 elements)" in graph.message
+    assert "16.0 MiB of saved activations: store `.item()`" in graph.message
+    # Under no_grad nothing is saved.
+    cell = (
+        "%%gpumem\nwith torch.no_grad():\n    kept = [model(torch.randn(256, 1024, device='cuda:0')) for _ in range(8)]"
+    )
+    assert run_cell_capture(gpu, cell)[0].success
+    assert _kind_deltas(last()) == {"other tensors": 8 * MIB}
+    assert not [w for w in last().warnings if w.kind == "graph"]
+
+
+def test_a_model_and_adamw_by_kind_and_the_gradients_note(gpu: Any) -> None:
+    cell = (
+        "%%gpumem\n"
+        "model = torch.nn.Linear(4096, 4096, device='cuda:0')\n"
+        "opt = torch.optim.AdamW(model.parameters())\n"
+        "model(torch.randn(64, 4096, device='cuda:0')).sum().backward()\n"
+        "opt.step()\n"
+        "torch.cuda.synchronize(0)"
+    )
+    result, cap = run_cell_capture(gpu, cell)
+    assert result.success
+    record = last()
+    params = (4096 * 4096 + 4096) * 4
+    deltas = _kind_deltas(record)
+    # exp_avg + exp_avg_sq on the GPU; AdamW's `step` lives on the CPU. The first matmul of the process
+    # may add a cuBLAS workspace (32 MiB on an H200), which is its own kind.
+    assert {kind: deltas.get(kind) for kind in ("parameters", "gradients", "optimizer state")} == {
+        "parameters": params,
+        "gradients": params,
+        "optimizer state": 2 * params,
+    }
+    assert set(deltas) <= {"parameters", "gradients", "optimizer state", "cuBLAS workspaces"}, deltas
+    text = cap.outputs[-1].data["text/plain"]
+    assert (
+        "by kind (since the start of the cell): parameters +64.0 MiB, gradients +64.0 MiB, optimizer state +128.0 MiB"
+        in (text)
+    )
+    (note,) = record.notes
+    assert note.startswith("gradients are kept after the cell (64.0 MiB: `model` 64.0 MiB); optimizer.zero_grad(")
+    assert not [w for w in record.warnings if "gradient" in w.message]
+    # Gradients freed after the step: nothing more to say about them.
+    step = "%%gpumem\nmodel(torch.randn(64, 4096, device='cuda:0')).sum().backward()\nopt.step()\nopt.zero_grad()"
+    assert run_cell_capture(gpu, step)[0].success
+    assert last().notes == ()
+    assert _kind_deltas(last()).get("gradients") == -params

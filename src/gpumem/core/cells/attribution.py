@@ -12,7 +12,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gpumem.core.cells.record import CellOptions, DeviceChange, HeldVariable, VariableChange
+from gpumem.core.cells.kinds import Kinds, kind_changes, read_kinds
+from gpumem.core.cells.record import CellOptions, DeviceChange, HeldVariable, KindChange, VariableChange
 from gpumem.core.monitor import Monitor
 from gpumem.core.units import format_bytes
 
@@ -46,6 +47,7 @@ class Attribution(NamedTuple):
     held: dict[str, HeldVariable]
     note: str
     ok: bool
+    kinds: Kinds | None = None  # by kind, only from a walk of the whole namespace
 
 
 class VariableReport(NamedTuple):
@@ -54,6 +56,10 @@ class VariableReport(NamedTuple):
     changes: tuple[VariableChange, ...]
     note: str
     graph_paths: tuple[str, ...]
+    kinds: tuple[KindChange, ...] = ()  # empty: this walk or the one before did not cover every kind
+    kinds_since: str = ""
+    graph_saved_bytes: int = 0  # activations kept by the graphs of ``graph_paths``' names
+    gradient_holders: tuple[tuple[str, int], ...] = ()  # (name, bytes of .grad) after the cell, largest first
 
 
 def signatures(namespace: Mapping[str, Any]) -> Signatures:
@@ -106,6 +112,7 @@ class VariableAttribution:
         self.walks = {"full": 0, "changed names": 0}
         self._baseline: dict[str, HeldVariable] = {}
         self._baseline_label = ""
+        self._kinds: tuple[Kinds, str] | None = None  # the last whole walk's kinds, and "since cell [N]"
         self._signatures: Signatures | None = None
 
     def at_start(self, namespace: Mapping[str, Any], devices: tuple[int, ...] | None) -> Attribution:
@@ -133,9 +140,12 @@ class VariableAttribution:
             wanted = {f"cuda:{d}" for d in devices}
             held = [h for h in held if wanted.intersection(h.device.split(","))]
         note = ""
-        if getattr(report, "truncated", False):
+        truncated = bool(getattr(report, "truncated", False))
+        if truncated:
             note = "the namespace walk stopped early (too many objects); the list may be incomplete"
-        return Attribution({h.name: h for h in held}, note, True)
+        whole = names is None and not truncated and (devices is None or len(devices) == 1)
+        kinds = read_kinds(report) if whole else None
+        return Attribution({h.name: h for h in held}, note, True, kinds)
 
     def variable_changes(
         self,
@@ -154,6 +164,7 @@ class VariableAttribution:
         if not attribution.ok:
             self._signatures = None
             return VariableReport((), attribution.note, ())
+        kinds, kinds_since = self._kind_changes(start, attribution, count)
         if start is not None and start.ok:
             baseline, since, then = start.held, "since the start of the cell", "at the start of the cell"
         elif self._baseline_label:
@@ -165,9 +176,11 @@ class VariableAttribution:
         self._baseline_label = f"cell [{count}]" if count is not None else "the previous inspection"
         touched = {change.name for change in changes} | _changed_names(before, self._signatures)
         graph_paths: list[str] = []
+        graph_saved = 0
         for held in sorted(attribution.held.values(), key=lambda h: -h.nbytes):
             if held.graph_paths and (before is None or held.name in touched):
                 graph_paths.extend(held.graph_paths)
+                graph_saved += held.graph_saved_bytes
         if changes:
             note = f"new or grown {since}"
         elif then:
@@ -176,7 +189,29 @@ class VariableAttribution:
             note = "no variable holds GPU memory"
         if attribution.note:
             note += f"; {attribution.note}"
-        return VariableReport(tuple(changes), note, tuple(graph_paths))
+        gradients = sorted(
+            ((h.name, h.gradient_bytes) for h in attribution.held.values() if h.gradient_bytes and not h.hidden),
+            key=lambda pair: -pair[1],
+        )
+        return VariableReport(
+            tuple(changes), note, tuple(graph_paths), kinds, kinds_since, graph_saved, tuple(gradients)
+        )
+
+    def _kind_changes(
+        self, start: Attribution | None, attribution: Attribution, count: int | None
+    ) -> tuple[tuple[KindChange, ...], str]:
+        """By kind, compared with the cell's start or else the last walk of the whole namespace (a walk of
+        the changed names alone sums no kinds); nothing when either is missing."""
+        if start is not None and start.ok:
+            before = None if start.kinds is None else (start.kinds, "since the start of the cell")
+        else:
+            before = self._kinds
+        if attribution.kinds is None:
+            return (), ""
+        self._kinds = (attribution.kinds, f"since cell [{count}]" if count is not None else "since an earlier walk")
+        if before is None:
+            return (), ""
+        return kind_changes(before[0], attribution.kinds), before[1]
 
     def _walk(
         self,
@@ -251,6 +286,8 @@ def held_variables(report: Any) -> list[HeldVariable]:
             device = getattr(holder, "device", "")
             device_text = f"cuda:{device}" if isinstance(device, int) else str(device or "")
             paths = getattr(holder, "graph_paths", ()) or ()
+            breakdown = getattr(holder, "breakdown", None)
+            gradients = breakdown.get("gradients", 0) if isinstance(breakdown, dict) else 0
             held.append(
                 HeldVariable(
                     name=name,
@@ -259,6 +296,8 @@ def held_variables(report: Any) -> list[HeldVariable]:
                     nbytes=int(getattr(holder, "nbytes", 0) or 0),
                     graph_paths=tuple(str(path) for path in paths),
                     hidden=hidden,
+                    graph_saved_bytes=int(getattr(holder, "graph_saved_bytes", 0) or 0),
+                    gradient_bytes=int(gradients or 0),
                 )
             )
     return held

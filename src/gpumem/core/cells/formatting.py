@@ -20,6 +20,7 @@ STYLE = (
     ".gpumem-report .down{color:var(--jp-success-color1,#2e7d32)}"
     ".gpumem-report .dim{color:var(--jp-ui-font-color2,#777)}"
     ".gpumem-report .warn{color:var(--jp-warn-color0,#b26a00);margin:1px 0}"
+    ".gpumem-report .note{margin:1px 0}"
     ".gpumem-report code{font-size:11px}"
     "</style>"
 )

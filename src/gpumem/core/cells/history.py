@@ -151,6 +151,9 @@ def record_to_dict(record: CellRecord) -> dict[str, Any]:
         "variables_note": record.variables_note,
         "warnings": [warning._asdict() for warning in record.warnings],
         "cuda_note": record.cuda_note,
+        "kinds": [{**change._asdict(), "delta_bytes": change.delta_bytes} for change in record.kinds],
+        "kinds_since": record.kinds_since,
+        "notes": list(record.notes),
     }
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "DeviceChange",
     "HeldVariable",
     "HostChange",
+    "KindChange",
     "VariableChange",
     "classify_error",
     "first_line_of",
@@ -106,10 +107,23 @@ class VariableChange(NamedTuple):
 
 
 class CellWarning(NamedTuple):
-    """Something the user should act on; ``kind``: leak, graph, output-cache, peak-reset, capacity, fragmentation."""
+    """Something the user should act on; ``kind``: leak, graph, staircase, output-cache, peak-reset, capacity,
+    fragmentation."""
 
     kind: str
     message: str
+
+
+class KindChange(NamedTuple):
+    """One kind (as :data:`gpumem.core.holders.model` names them) before and after a cell."""
+
+    kind: str
+    before_bytes: int
+    after_bytes: int
+
+    @property
+    def delta_bytes(self) -> int:
+        return self.after_bytes - self.before_bytes
 
 
 class CellRecord(NamedTuple):
@@ -132,6 +146,9 @@ class CellRecord(NamedTuple):
     keep_peaks: bool
     mode: str  # "magic" (asked for with %%gpumem) or "auto"
     quiet: bool
+    kinds: tuple[KindChange, ...] = ()  # by kind, from the cell's holder walk; empty when none covered it all
+    kinds_since: str = ""  # what ``kinds`` compares with: "since the start of the cell", "since cell [3]"
+    notes: tuple[str, ...] = ()  # findings worth knowing that call for no action (not warnings)
 
     def largest_change_bytes(self) -> int:
         """The biggest absolute change of any figure (CUDA allocated/reserved/peak, host RSS)."""
@@ -163,6 +180,8 @@ class HeldVariable(NamedTuple):
     nbytes: int
     graph_paths: tuple[str, ...]
     hidden: bool
+    graph_saved_bytes: int = 0  # activations only this name's autograd graphs keep (not in nbytes)
+    gradient_bytes: int = 0  # the part of nbytes that is parameters' .grad
 
 
 def first_line_of(source: str, limit: int = 80) -> str:

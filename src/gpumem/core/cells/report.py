@@ -20,6 +20,7 @@ from gpumem.core.cells.history import (
     write_csv,
     write_json,
 )
+from gpumem.core.cells.kinds import kinds_line
 from gpumem.core.cells.record import CellRecord, DeviceChange, HostChange, VariableChange
 from gpumem.core.device_split import device_split_text, split_of
 from gpumem.core.units import format_bytes, format_delta
@@ -39,6 +40,7 @@ __all__ = [
 
 _WARN = "\u26a0"
 _ARROW = "\u2192"
+_INFO = "\u2139"
 
 
 def _peak_text(change: DeviceChange) -> str:
@@ -92,7 +94,11 @@ def _record_text(record: CellRecord, top: int) -> str:
         lines += _variable_lines(record, top)
     elif record.devices and record.variables_note:
         lines.append(f"  variables: {record.variables_note}")
+    by_kind = kinds_line(record.kinds, record.kinds_since)
+    if by_kind:
+        lines.append(f"  {by_kind}")
     lines.extend(f"  {_WARN} {warning.message}" for warning in record.warnings)
+    lines.extend(f"  {_INFO} {note}" for note in record.notes)
     return "\n".join(lines)
 
 
@@ -180,7 +186,11 @@ def _record_html(record: CellRecord, top: int) -> str:
         parts += _variables_html(record, top)
     elif record.devices and record.variables_note:
         parts.append(f'<div class="dim">variables: {e(record.variables_note)}</div>')
+    by_kind = kinds_line(record.kinds, record.kinds_since)
+    if by_kind:
+        parts.append(f'<div class="kinds">{e(by_kind)}</div>')
     parts.extend(f'<div class="warn">{_WARN} {_code_spans(warning.message)}</div>' for warning in record.warnings)
+    parts.extend(f'<div class="note">{_INFO} {_code_spans(note)}</div>' for note in record.notes)
     parts.append("</div>")
     return "".join(parts)
 

@@ -25,17 +25,25 @@ from gpumem.core.cells.attribution import (
 )
 from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
 from gpumem.core.cells.conditions import Condition, ToldConditions, device_warnings, standing_conditions
+from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES, staircase_notes
 from gpumem.core.cells.record import (
     CellOptions,
     CellRecord,
     CellWarning,
     DeviceChange,
     HeldVariable,
+    HostChange,
     classify_error,
     first_line_of,
     source_key,
 )
-from gpumem.core.cells.warnings import RerunLog, leak_warnings, peak_reset_warnings, variable_warnings
+from gpumem.core.cells.warnings import (
+    RerunLog,
+    host_leak_warning,
+    leak_warnings,
+    peak_reset_warnings,
+    variable_warnings,
+)
 from gpumem.core.fragmentation import ReserveReader
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
@@ -65,6 +73,8 @@ class CellTracker:
         holder_finder: HolderFinder | None = None,
         start_sampler: bool = True,
         capacity_fraction: float = 0.9,
+        host_leak_min_bytes: int = 32 * MIB,
+        pattern_min_bytes: int = STAIRCASE_MIN_BYTES,
     ) -> None:
         self.monitor = monitor
         self.leak_runs = leak_runs
@@ -72,6 +82,8 @@ class CellTracker:
         self.leak_tolerance = leak_tolerance
         self.attribute_threshold_bytes = attribute_threshold_bytes
         self.capacity_fraction = capacity_fraction
+        self.host_leak_min_bytes = host_leak_min_bytes  # host RSS moves by a few MiB on its own
+        self.pattern_min_bytes = pattern_min_bytes  # staircases and kept gradients smaller than this go unsaid
         self._attribution = VariableAttribution(holder_finder if holder_finder is not None else holders_walk(monitor))
         self.start_sampler = start_sampler
         self.started_sampler = False  # holds a claim on the monitor's sampler
@@ -249,9 +261,13 @@ class CellTracker:
         devices = device_changes(cell, start, end, options.devices, self._resets)
         host = host_change(cell, start, end)
         key = source_key(cell.source)
-        warnings = self._figure_warnings(key, devices, start, end, status)
+        warnings = self._figure_warnings(key, devices, start, end, host, status)
         variables = self._variables(cell, namespace, options, count, devices, hidden)
-        warnings += variable_warnings(variables.changes, variables.graph_paths)
+        warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
+        staircases, notes = staircase_notes(
+            self.monitor.timeline, start, end, devices, variables, namespace, self.pattern_min_bytes
+        )
+        warnings += staircases
         draft = CellRecord(
             serial=0,  # numbered when kept
             execution_count=count,
@@ -270,6 +286,9 @@ class CellTracker:
             keep_peaks=options.keep_peaks,
             mode=options.mode,
             quiet=options.quiet,
+            kinds=variables.kinds,
+            kinds_since=variables.kinds_since,
+            notes=notes,
         )
         with self._lock:
             self._count += 1
@@ -302,16 +321,24 @@ class CellTracker:
 
     # Internals ------------------------------------------------------------------------------------
     def _figure_warnings(
-        self, key: str, devices: Sequence[DeviceChange], start: Snapshot, end: Snapshot, status: str
+        self,
+        key: str,
+        devices: Sequence[DeviceChange],
+        start: Snapshot,
+        end: Snapshot,
+        host: HostChange | None,
+        status: str,
     ) -> list[CellWarning]:
-        """Peak counters reset, devices nearly full or fragmented (by this cell), and growth alike on every re-run."""
+        """Peak counters reset, devices nearly full or fragmented (by this cell), and growth alike on every
+        re-run (CUDA allocated memory, and host RSS)."""
         warnings = peak_reset_warnings(devices) + device_warnings(
             devices, start, end, self.capacity_fraction, self._told, self._reserves, self.monitor.source
         )
-        runs_total, recent = self._reruns.add(key, devices, status, self.leak_runs)
+        host_bytes = host.rss_delta_bytes if host is not None else None
+        runs_total, recent = self._reruns.add(key, devices, status, self.leak_runs, host_bytes)
         if recent is None:
             return warnings
-        return warnings + leak_warnings(
+        warnings += leak_warnings(
             devices,
             recent,
             runs_total,
@@ -319,6 +346,10 @@ class CellTracker:
             min_bytes=self.leak_min_bytes,
             tolerance=self.leak_tolerance,
         )
+        host_leak = host_leak_warning(
+            recent, runs_total, runs=self.leak_runs, min_bytes=self.host_leak_min_bytes, tolerance=self.leak_tolerance
+        )
+        return warnings if host_leak is None else [*warnings, host_leak]
 
     def _variables(
         self,

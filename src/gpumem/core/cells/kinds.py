@@ -1,0 +1,59 @@
+"""What a cell added by kind (parameters, gradients, optimizer state, ..., unattributed).
+
+The kinds come from the holder walk the cell already ran for its variables; they are compared with
+the kinds of the walk before (the cell's own start for ``%%gpumem``). Only walks that covered the
+whole namespace count: a walk of the changed names alone cannot sum every kind, so it says nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpumem.core.cells.record import KindChange
+from gpumem.core.units import MIB, format_delta
+
+__all__ = ["KIND_LINE_MIN_BYTES", "KindChange", "Kinds", "kind_changes", "kinds_line", "read_kinds", "shown_kinds"]
+
+KIND_LINE_MIN_BYTES = MIB  # a kind is shown in the report when it changed by at least this much
+
+Kinds = tuple[tuple[str, int], ...]
+
+
+def read_kinds(report: Any) -> Kinds:
+    """A holders report's by-kind totals, read defensively (``kinds``: KindTotal-like objects)."""
+    totals = getattr(report, "kinds", ())
+    if not isinstance(totals, (list, tuple)):
+        return ()
+    found: list[tuple[str, int]] = []
+    for total in totals:
+        kind, nbytes = getattr(total, "kind", None), getattr(total, "nbytes", None)
+        if isinstance(kind, str) and isinstance(nbytes, int):
+            found.append((kind, nbytes))
+    return tuple(found)
+
+
+def kind_changes(before: Kinds, after: Kinds) -> tuple[KindChange, ...]:
+    """Every kind present before or after, in the walk's order (after's kinds first), changed or not."""
+    old, new = dict(before), dict(after)
+    order = [kind for kind, _ in after] + [kind for kind, _ in before if kind not in new]
+    return tuple(KindChange(kind, old.get(kind, 0), new.get(kind, 0)) for kind in order)
+
+
+def shown_kinds(changes: Sequence[KindChange], min_bytes: int = KIND_LINE_MIN_BYTES) -> list[KindChange]:
+    """The kinds worth a word: changed by at least ``min_bytes``."""
+    return [change for change in changes if abs(change.delta_bytes) >= min_bytes]
+
+
+def kinds_line(changes: Sequence[KindChange], since: str) -> str:
+    """``by kind (since the start of the cell): parameters +400 MiB, gradients +400 MiB``, or "" when none changed."""
+    shown = shown_kinds(changes)
+    if not shown:
+        return ""
+    parts = ", ".join(f"{_short(change.kind)} {format_delta(change.delta_bytes)}" for change in shown)
+    return f"by kind ({since}): {parts}"
+
+
+def _short(kind: str) -> str:
+    """``activations (saved by autograd graphs)`` -> ``activations`` (the report is one line)."""
+    return kind.split(" (", 1)[0]

@@ -1,0 +1,212 @@
+"""The tracker's by-kind change, staircase, host leak and kept-gradient findings: a fake allocator for the
+CUDA figures, real torch CPU tensors and the real holders walk (on the CPU) for the kinds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from gpumem.core.cells import CellOptions, CellTracker
+from gpumem.core.cells.report import CellReport, record_to_dict
+from gpumem.core.monitor import Monitor
+from gpumem.core.sampler import channels_of
+from gpumem.testing import MIB, FakeSource
+
+ACTIVATIONS = "activations (saved by autograd graphs)"
+
+
+def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+    from gpumem.core.holders import find_holders
+
+    if names is None:
+        return find_holders(namespace, device="cpu")
+    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
+
+
+@pytest.fixture
+def fake() -> FakeSource:
+    return FakeSource()
+
+
+@pytest.fixture
+def tracker(fake: FakeSource) -> Iterator[CellTracker]:
+    tracker = CellTracker(Monitor(fake), start_sampler=False, holder_finder=cpu_holders)
+    yield tracker
+    tracker.close()
+
+
+def kinds_of(record: Any) -> dict[str, int]:
+    return {change.kind: change.delta_bytes for change in record.kinds}
+
+
+def test_a_model_and_adamw_cell_by_kind(tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {"torch": torch}
+    cell = tracker.begin("train", options=CellOptions(attribute=True, mode="magic"), namespace=ns)
+    model = torch.nn.Linear(512, 512)  # 512 * 512 + 512 float32: 1,050,624 bytes
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 512)).sum().backward()
+    optimizer.step()
+    ns.update(model=model, optimizer=optimizer)
+    fake.allocate(8 * MIB)
+    record = tracker.end(cell, namespace=ns)
+    params = 512 * 512 * 4 + 512 * 4
+    assert kinds_of(record) == {"parameters": params, "gradients": params, "optimizer state": 2 * params + 8}
+    assert record.kinds_since == "since the start of the cell"
+    text = repr(CellReport(record))
+    line = "by kind (since the start of the cell): parameters +1.0 MiB, gradients +1.0 MiB, optimizer state +2.0 MiB"
+    assert f"  {line}" in text
+    assert f'<div class="kinds">{line}</div>' in CellReport(record)._repr_html_()
+    exported = record_to_dict(record)
+    assert {"kind": "gradients", "before_bytes": 0, "after_bytes": params, "delta_bytes": params} in exported["kinds"]
+    assert exported["kinds_since"] == "since the start of the cell" and exported["notes"] == []
+    assert record.notes == ()  # 1 MiB of gradients is below the 64 MiB worth a note
+
+
+def test_kept_gradients_are_a_note_when_an_optimizer_exists(fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    tracker = CellTracker(Monitor(fake), start_sampler=False, holder_finder=cpu_holders, pattern_min_bytes=MIB)
+    model = torch.nn.Linear(512, 512)
+    ns: dict[str, Any] = {"model": model}
+    cell = tracker.begin("step", options=CellOptions(attribute=True, mode="magic"), namespace=ns)
+    model(torch.randn(4, 512)).sum().backward()
+    fake.allocate(8 * MIB)
+    record = tracker.end(cell, namespace=ns)
+    assert record.notes == ()  # no optimizer: the gradients may be wanted (inspection, accumulation)
+    model.zero_grad(set_to_none=True)
+    ns["optimizer"] = torch.optim.SGD(model.parameters(), lr=0.1)
+    cell = tracker.begin("step", options=CellOptions(attribute=True, mode="magic"), namespace=ns)
+    model(torch.randn(4, 512)).sum().backward()
+    ns["optimizer"].step()
+    fake.allocate(8 * MIB)
+    record = tracker.end(cell, namespace=ns)
+    (note,) = record.notes
+    assert note.startswith("gradients are kept after the cell (1.0 MiB: `model` 1.0 MiB); optimizer.zero_grad(")
+    assert not [w for w in record.warnings if "gradient" in w.message]  # information, not a warning
+    assert "\u2139 gradients are kept" in repr(CellReport(record))
+    tracker.close()
+
+
+def test_automatic_mode_compares_with_the_last_whole_walk_and_says_nothing_otherwise(
+    tracker: CellTracker, fake: FakeSource
+) -> None:
+    torch = pytest.importorskip("torch")
+    ns: dict[str, Any] = {}
+    cell = tracker.begin("first")
+    ns["a"] = torch.zeros(2 * MIB // 4)
+    fake.allocate(8 * MIB)
+    first = tracker.end(cell, namespace=ns, execution_count=1)
+    assert first.kinds == () and first.kinds_since == ""  # nothing to compare with: no guess
+    assert "by kind" not in repr(CellReport(first))
+
+    tracker.incremental = False  # every walk covers the whole namespace
+    cell = tracker.begin("second")
+    ns["b"] = torch.zeros(3 * MIB // 4)
+    fake.allocate(8 * MIB)
+    second = tracker.end(cell, namespace=ns, execution_count=2)
+    assert kinds_of(second) == {"other tensors": 3 * MIB}
+    assert second.kinds_since == "since cell [1]"
+
+    tracker.incremental = True  # walks only the changed names: not every kind is summed
+    cell = tracker.begin("third")
+    ns["c"] = torch.zeros(MIB)
+    fake.allocate(8 * MIB)
+    third = tracker.end(cell, namespace=ns, execution_count=3)
+    assert [v.name for v in third.variables] == ["c"]
+    assert third.kinds == () and third.kinds_since == ""
+    cell = tracker.begin("fourth")  # compared with the last whole walk, two cells back
+    tracker.incremental = False
+    ns["d"] = torch.zeros(MIB)
+    fake.allocate(8 * MIB)
+    fourth = tracker.end(cell, namespace=ns, execution_count=4)
+    assert kinds_of(fourth) == {"other tensors": 8 * MIB}
+    assert fourth.kinds_since == "since cell [2]"
+
+
+def test_activations_kept_by_a_list_of_losses(tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    w = torch.randn(256, 256, requires_grad=True)
+    x = torch.randn(256, 256)
+    ns: dict[str, Any] = {"w": w, "x": x, "losses": []}
+    cell = tracker.begin("losses", options=CellOptions(attribute=True, mode="magic"), namespace=ns)
+    for _ in range(4):
+        ns["losses"].append(torch.relu(x @ w).sum())  # relu saves its 256 KiB result
+    fake.allocate(8 * MIB)
+    record = tracker.end(cell, namespace=ns)
+    assert kinds_of(record)[ACTIVATIONS] == 4 * 256 * 256 * 4
+    (graph,) = [w for w in record.warnings if w.kind == "graph"]
+    assert "keep their whole autograd graphs alive (CUDA tensors with a grad_fn), 1.0 MiB of saved activations" in (
+        graph.message
+    )
+    assert "by kind (since the start of the cell): activations +1.0 MiB" in repr(CellReport(record))
+
+
+def _step(monitor: Monitor, fake: FakeSource, handles: list[int], nbytes: int) -> None:
+    """One iteration as the sampler sees it: a sample, an allocation, a sample."""
+    monitor.timeline.append(time.monotonic(), channels_of(fake.snapshot()))
+    handles.append(fake.allocate(nbytes))
+    monitor.timeline.append(time.monotonic(), channels_of(fake.snapshot()))
+    monitor.timeline.append(time.monotonic(), channels_of(fake.snapshot()))
+
+
+def test_a_staircase_inside_the_cell_is_a_warning_naming_the_variable(fake: FakeSource) -> None:
+    monitor = Monitor(fake)
+    tracker = CellTracker(monitor, start_sampler=False, holder_finder=lambda ns, device, names: _acc_report(ns))
+    handles: list[int] = []
+    cell = tracker.begin("for batch in loader: acc.append(out)", options=CellOptions(attribute=True, mode="magic"))
+    for _ in range(30):
+        _step(monitor, fake, handles, 64 * MIB)
+    record = tracker.end(cell, namespace={"acc": handles})
+    (warning,) = [w for w in record.warnings if w.kind == "staircase"]
+    assert warning.message.startswith("cuda:0 allocated memory rose in 30 steps of ~64.0 MiB (+1.9 GiB) over ")
+    assert "never fell: something accumulates per iteration; `acc` grew most (+1.9 GiB)" in warning.message
+
+    # The same loop that frees what each iteration made: nothing to say.
+    cell = tracker.begin("for batch in loader: step()")
+    for _ in range(30):
+        _step(monitor, fake, handles, 64 * MIB)
+        fake.free(handles.pop())
+        monitor.timeline.append(time.monotonic(), channels_of(fake.snapshot()))
+    record = tracker.end(cell, namespace={"acc": handles})
+    assert not [w for w in record.warnings if w.kind == "staircase"]
+    tracker.close()
+
+
+def _acc_report(ns: Mapping[str, Any]) -> Any:
+    """A holders report in which ``acc`` holds 64 MiB per handle (the fake allocator has no tensors)."""
+
+    class Row:
+        name, type_name, device, graph_paths = "acc", "list", "cuda:0", ()
+        nbytes = 64 * MIB * len(ns.get("acc", ()))
+
+    return type("Report", (), {"holders": [Row()], "hidden": [], "truncated": False})()
+
+
+def test_host_memory_growing_alike_on_three_reruns_is_a_leak(fake: FakeSource) -> None:
+    fake.cuda_initialized = False  # no CUDA at all: host memory is still watched
+    tracker = CellTracker(Monitor(fake), start_sampler=False)
+    rss = fake.host_rss_bytes
+    records = []
+    for run in range(3):
+        cell = tracker.begin("kept.append(np.ones(...))")
+        rss += (96 + run) * MIB
+        fake.set_host_rss(rss)
+        records.append(tracker.end(cell))
+    assert [w for r in records[:2] for w in r.warnings] == []
+    (leak,) = records[2].warnings
+    assert leak.kind == "leak"
+    assert leak.message == (
+        "possible leak on re-run: this cell has run 3 times and each of the last 3 runs left host memory (RSS) "
+        "higher by about 97.0 MiB (+96.0 MiB, +97.0 MiB, +98.0 MiB); something it creates outlives the cell "
+        "(a list it appends to, a cache, or IPython's Out history)"
+    )
+    # Growth below the host threshold (32 MiB), or unlike from run to run, is not a leak.
+    for grow in (8, 8, 8, 40, 120, 40):
+        cell = tracker.begin("other cell" if grow != 8 else "small")
+        rss += grow * MIB
+        fake.set_host_rss(rss)
+        assert not tracker.end(cell).warnings
+    tracker.close()

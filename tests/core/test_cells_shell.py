@@ -1,0 +1,150 @@
+"""The cell findings in a real IPython shell: host memory kept on every re-run (real RSS, real numpy and
+torch CPU tensors), the by-kind line, a staircase seen by the real sampler thread, kept graphs and gradients."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.ipython import extension as _extension
+from gpumem.testing import MIB, FakeSource
+
+
+def _cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+    from gpumem.core.holders import find_holders
+
+    if names is None:
+        return find_holders(namespace, device="cpu")
+    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
+
+
+def _load(ip: Any, monitor: Monitor | None) -> None:
+    set_default_monitor(monitor)
+    assert ip.run_cell("%load_ext gpumem").success
+
+
+def _unload(ip: Any) -> None:
+    ip.run_cell("%unload_ext gpumem")
+    set_default_monitor(None)
+    for name in ("kept", "acc", "losses", "model", "optimizer"):
+        ip.user_ns.pop(name, None)
+    gc.collect()
+
+
+@pytest.fixture
+def real_shell(ip: Any) -> Iterator[Any]:
+    """The extension on this machine's real memory source (no CUDA here: host RSS only)."""
+    _load(ip, None)
+    try:
+        yield ip
+    finally:
+        _unload(ip)
+
+
+@pytest.fixture
+def fake() -> FakeSource:
+    return FakeSource()
+
+
+@pytest.fixture
+def fake_shell(ip: Any, fake: FakeSource) -> Iterator[Any]:
+    """The extension on a fake allocator sampled at 100 Hz, attributing CPU tensors (CI has no CUDA tensors)."""
+    _load(ip, Monitor(fake, rate_hz=100))
+    state = _extension.get_state()
+    assert state is not None
+    state.tracker.holder_finder = _cpu_holders
+    ip.user_ns.update(src=fake, MIB=MIB)
+    try:
+        yield ip
+    finally:
+        _unload(ip)
+
+
+def _outputs(cap: Any) -> str:
+    return "\n".join(output.data.get("text/plain", "") for output in cap.outputs) + cap.stdout
+
+
+@pytest.mark.parametrize(
+    "make", ["np.ones(96 * MIB // 8)", "torch.ones(96 * MIB // 4)"], ids=["numpy array", "CPU tensor"]
+)
+def test_host_memory_kept_on_every_rerun_is_a_leak(real_shell: Any, make: str) -> None:
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    real_shell.user_ns.update(np=np, torch=torch, MIB=MIB, kept=[])
+    run_cell_capture(real_shell, "%gpumem auto on")
+    seen = [_outputs(run_cell_capture(real_shell, f"kept.append({make})")[1]) for _ in range(3)]
+    assert "possible leak" not in seen[0] + seen[1]
+    assert (
+        "possible leak on re-run: this cell has run 3 times and each of the last 3 runs left host memory (RSS)"
+        in (seen[2])
+    )
+    real_shell.user_ns["kept"].clear()
+    # The same cell that frees what it made is no leak, however often it runs.
+    seen = [_outputs(run_cell_capture(real_shell, f"x = {make}\ndel x")[1]) for _ in range(4)]
+    assert "possible leak" not in "".join(seen)
+
+
+def test_the_report_has_a_by_kind_line(fake_shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    fake_shell.user_ns["torch"] = torch
+    cell = (
+        "%%gpumem\n"
+        "model = torch.nn.Linear(512, 512)\n"
+        "optimizer = torch.optim.AdamW(model.parameters())\n"
+        "model(torch.randn(4, 512)).sum().backward()\n"
+        "optimizer.step()\n"
+        "h = src.allocate(8 * MIB)"
+    )
+    _result, cap = run_cell_capture(fake_shell, cell)
+    text = _outputs(cap)
+    assert (
+        "by kind (since the start of the cell): parameters +1.0 MiB, gradients +1.0 MiB, optimizer state +2.0 MiB"
+        in (text)
+    )
+    (html,) = [o.data["text/html"] for o in cap.outputs if "gpumem-report" in o.data.get("text/html", "")]
+    assert '<div class="kinds">by kind (since the start of the cell): parameters +1.0 MiB' in html
+
+
+def test_a_staircase_seen_by_the_sampler_is_named(fake_shell: Any) -> None:
+    cell = (
+        "%%gpumem\n"
+        "import time\n"
+        "acc = []\n"
+        "for _ in range(12):\n"
+        "    acc.append(src.allocate(8 * MIB))\n"
+        "    time.sleep(0.05)"
+    )
+    _result, cap = run_cell_capture(fake_shell, cell)
+    text = _outputs(cap)
+    assert "cuda:0 allocated memory rose in 12 steps of ~8.0 MiB (+96.0 MiB) over " in text
+    assert "never fell: something accumulates per iteration" in text
+    cell = "%%gpumem\nfor _ in range(12):\n    h = src.allocate(8 * MIB)\n    time.sleep(0.05)\n    src.free(h)"
+    _result, cap = run_cell_capture(fake_shell, cell)
+    assert "never fell" not in _outputs(cap)
+
+
+def test_kept_losses_and_gradients_are_named_with_the_fix(fake_shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    fake_shell.user_ns.update(torch=torch, w=torch.randn(256, 256, requires_grad=True), x=torch.randn(256, 256))
+    cell = "%%gpumem\nlosses = [torch.relu(x @ w).sum() for _ in range(4)]\nh = src.allocate(8 * MIB)"
+    text = _outputs(run_cell_capture(fake_shell, cell)[1])
+    assert "by kind (since the start of the cell): activations +1.0 MiB" in text
+    assert "1.0 MiB of saved activations: store `.item()` for a number or `.detach()` for a tensor instead" in text
+    state = _extension.get_state()
+    assert state is not None
+    state.tracker.pattern_min_bytes = MIB
+    fake_shell.user_ns.update(model=torch.nn.Linear(512, 512))
+    cell = (
+        "%%gpumem\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.randn(4, 512)).sum().backward()\n"
+        "optimizer.step()\n"
+        "g = src.allocate(8 * MIB)"
+    )
+    text = _outputs(run_cell_capture(fake_shell, cell)[1])
+    assert "gradients are kept after the cell (1.0 MiB: `model` 1.0 MiB); optimizer.zero_grad(set_to_none=True)" in text
