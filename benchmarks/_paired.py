@@ -144,10 +144,14 @@ def describe(result: dict[str, Any]) -> str:
     )
 
 
+def _interval(low: float, high: float) -> str:
+    return "n/a (under 6 rounds)" if math.isnan(low) else f"{low:.4f}..{high:.4f}"
+
+
 def markdown_row(name: str, result: dict[str, Any]) -> str:
     p, c = result["paired"], result["control"]
     return (
-        f"| {name} | {p['median']:.4f}x | {p['q1']:.4f}..{p['q3']:.4f} | {p['ci95'][0]:.4f}..{p['ci95'][1]:.4f} "
+        f"| {name} | {p['median']:.4f}x | {p['q1']:.4f}..{p['q3']:.4f} | {_interval(*p['ci95'])} "
         f"| {c['median']:.4f}x | {c['q1']:.4f}..{c['q3']:.4f} | {p['rounds']} x {result['size']} "
         f"| {'yes' if result['goal_reached'] else 'no'} |"
     )
