@@ -17,7 +17,7 @@ would), three threads run at default settings: the sampler (``gpumem-sampler``),
 
 Floors: all threads together <= 0.2% of one core and <= 0.2% GIL time; traffic <= 50 KB/s.
 
-    python benchmarks/bench_threads.py --out DIR [--budget 90] [--iterations 2000000]
+    python benchmarks/bench_threads.py --out DIR [--budget 60] [--iterations 2000000]
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def snapshot_cost_us(cuda: bool, reads: int = 2_000) -> dict[str, dict[str, floa
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path())
-    parser.add_argument("--budget", type=float, default=None, help="seconds for the paired rounds (GPU 90, CPU 40)")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for the paired rounds (GPU 60, CPU 40)")
     parser.add_argument("--iterations", type=int, default=None, help="probe iterations per run (~0.2 us each)")
     parser.add_argument("--gap-us", type=float, default=2.0, help="a probe gap longer than this is time lost")
     parser.add_argument("--settle", type=float, default=0.5, help="seconds after the threads start, untimed")
@@ -206,7 +206,7 @@ def main() -> int:
         cuda = False
     if cuda:
         torch.zeros(1, device="cuda")
-    budget = args.budget or (90.0 if cuda else 40.0)
+    budget = args.budget or (60.0 if cuda else 40.0)
     iterations = args.iterations or (4_000_000 if cuda else 2_000_000)
     from gpumem.panel.traffic import CommRecorder
 
