@@ -125,6 +125,7 @@ def main() -> None:
     steps = args.steps or (100 if cuda else 20)
     loop = make_loop(device)
     monitor = Monitor(rate_hz=DEFAULT_RATE_HZ)
+    monitor.source.snapshot()  # opening NVML and psutil happens here, not inside the first timed run
     comparisons = {f"gpumem sampler ({DEFAULT_RATE_HZ:g} Hz) / no sampler": lambda: sampling(monitor)}
     if args.naive and cuda:
         comparisons["naive memory_allocated thread (100 Hz) / no sampler"] = lambda: NaiveThread(100.0)
