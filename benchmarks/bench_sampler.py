@@ -1,27 +1,32 @@
-"""Sampler cost on a CUDA GPU, side by side in one run.
+"""Sampler cost, on the GPU (CPU-only machines run a smaller loop on the CPU, labelled as such).
 
-1. One allocator read per device: gpumem's fast path vs ``torch.cuda.memory_allocated`` vs NVML.
-2. A launch-bound training loop (8 x Linear(1024), AdamW, batch 256, 600 steps) with no sampler, with
-   gpumem's sampler at its default rate, and with a naive thread calling ``memory_allocated`` at 100 Hz.
-   Variants are interleaved over several rounds; the fastest round of each (least disturbed by the
-   machine) and the median are reported.
+1. With CUDA, one allocator read per device: gpumem's fast path vs ``torch.cuda.memory_allocated`` vs NVML.
+2. A launch-bound training loop (8 x Linear(1024), AdamW, batch 256; on CPU 8 x Linear(128), batch 32)
+   with no sampler (A) and gpumem's sampler at its default rate (B), in paired ABBA rounds with an A/A
+   control (``benchmarks/_paired.py``): the B/A median is shown beside the A/A's spread, the noise floor.
+   ``--naive`` adds a thread calling ``memory_allocated`` at 100 Hz as a second B.
 
-    python benchmarks/bench_sampler.py --out DIR
+    python benchmarks/bench_sampler.py --out DIR [--budget 150] [--steps 100] [--naive]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import platform
 import statistics
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _paired
 from gpumem.core.monitor import Monitor
 from gpumem.core.sampler import DEFAULT_RATE_HZ
 from gpumem.core.sources import NvmlSource, SystemSource, TorchAllocatorSource
@@ -70,105 +75,93 @@ class NaiveThread:
         self.thread.join()
 
 
-class NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def training_loop_s(steps: int = 600) -> float:
-    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda()
+def make_loop(device: str) -> Callable[[int], float]:
+    """The training loop, built once: ``loop(steps)`` returns the seconds ``steps`` steps took."""
+    width, batch = (1024, 256) if device == "cuda" else (128, 32)
+    if device == "cpu":
+        torch.set_num_threads(1)  # a small CPU stand-in; one thread is less disturbed on a shared machine
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(8)]).to(device)
     optimizer = torch.optim.AdamW(model.parameters())
-    data = torch.randn(256, 1024, device="cuda")
-    for _ in range(20):
-        optimizer.zero_grad(set_to_none=True)
-        model(data).square().mean().backward()
-        optimizer.step()
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        model(data).square().mean().backward()
-        optimizer.step()
-    torch.cuda.synchronize()
-    return time.perf_counter() - began
+    data = torch.randn(batch, width, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def loop(steps: int) -> float:
+        sync()
+        began = time.perf_counter()
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            model(data).square().mean().backward()
+            optimizer.step()
+        sync()
+        return time.perf_counter() - began
+
+    loop(20)
+    return loop
+
+
+@contextlib.contextmanager
+def sampling(monitor: Monitor) -> Iterator[None]:
+    monitor.sampler.start()
+    try:
+        yield
+    finally:
+        monitor.sampler.stop()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path())
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--budget", type=float, default=None, help="seconds per comparison (GPU 150, CPU 40)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run to start with (GPU 100, CPU 20)")
+    parser.add_argument("--naive", action="store_true", help="also compare a naive 100 Hz memory_allocated thread")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    torch.zeros(1, device="cuda")
-    costs = read_costs()
-    gpumem_name = f"gpumem sampler ({DEFAULT_RATE_HZ:g} Hz)"
-    monitors: list[Monitor] = []
-
-    def gpumem_monitor() -> Monitor:
-        monitors.append(Monitor(rate_hz=DEFAULT_RATE_HZ))
-        return monitors[-1]
-
-    variants = {
-        "no sampler": NullContext,
-        gpumem_name: gpumem_monitor,
-        "naive memory_allocated thread (100 Hz)": lambda: NaiveThread(100.0),
-    }
-    names = list(variants)
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    training_loop_s(100)
-    for round_index in range(args.rounds):
-        # Rotate the order so that no variant always runs first (or right after another one).
-        order = names[round_index % len(names) :] + names[: round_index % len(names)]
-        for name in order:
-            with variants[name]():
-                times[name].append(training_loop_s())
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    fastest = {name: min(values) for name, values in times.items()}
-    baseline = medians["no sampler"]
-    fastest_baseline = fastest["no sampler"]
-    # Per round, each variant against the no-sampler run of the same round: drift cancels out.
-    paired = {
-        name: statistics.median(v / b for v, b in zip(times[name], times["no sampler"], strict=True))
-        for name in variants
-    }
-    sampler_cost = [monitor.sampler.cost() for monitor in monitors]
-    busy_fraction = sum(c.total_s for c in sampler_cost) / sum(times[gpumem_name])
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    if cuda:
+        torch.zeros(1, device="cuda")
+    costs = read_costs() if cuda else {}
+    budget = args.budget or (150.0 if cuda else 40.0)
+    steps = args.steps or (100 if cuda else 20)
+    loop = make_loop(device)
+    monitor = Monitor(rate_hz=DEFAULT_RATE_HZ)
+    monitor.source.snapshot()  # opening NVML and psutil happens here, not inside the first timed run
+    comparisons = {f"gpumem sampler ({DEFAULT_RATE_HZ:g} Hz) / no sampler": lambda: sampling(monitor)}
+    if args.naive and cuda:
+        comparisons["naive memory_allocated thread (100 Hz) / no sampler"] = lambda: NaiveThread(100.0)
+    results = {}
+    for name, variant in comparisons.items():
+        print(name)
+        results[name] = _paired.paired_ratio(_paired.null_variant, variant, loop, size=steps, budget_s=budget)
+    cost = monitor.sampler.cost()
+    machine = torch.cuda.get_device_name(0) if cuda else "CPU, 2-core CI-class machine, not the goal machine"
     result = {
         "date": dt.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(0),
+        "machine": machine,
+        "device": device,
+        "platform": platform.platform(),
         "torch": torch.__version__,
         "read_cost_us": costs,
-        "training_loop_s": times,
-        "median_s": medians,
-        "fastest_s": fastest,
-        "ratio_to_no_sampler_median": {name: value / baseline for name, value in medians.items()},
-        "ratio_to_no_sampler_fastest": {name: value / fastest_baseline for name, value in fastest.items()},
-        "ratio_to_no_sampler_paired_median": paired,
-        "gpumem_sampler_busy_fraction": busy_fraction,
-        "gpumem_samples": sum(c.samples for c in sampler_cost),
+        "comparisons": results,
+        "gpumem_samples": cost.samples,
+        "gpumem_sample_mean_us": cost.mean_s * 1e6,
+        "gpumem_sample_max_us": cost.max_s * 1e6,
     }
     (args.out / "bench_sampler.json").write_text(json.dumps(result, indent=2))
-    lines = [f"### Sampler cost ({result['gpu']}, torch {result['torch']}, {result['date']})", ""]
-    lines += ["| read | us per call |", "| --- | --- |"]
-    lines += [f"| {name} | {value:.1f} |" for name, value in costs.items()]
-    lines += ["", f"Training loop, 600 steps, {args.rounds} rounds in rotating order:", ""]
-    lines += [
-        "| variant | fastest s | ratio | median s | ratio | paired median ratio |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    lines += [
-        f"| {name} | {fastest[name]:.3f} | {fastest[name] / fastest_baseline:.4f}x "
-        f"| {medians[name]:.3f} | {medians[name] / baseline:.4f}x | {paired[name]:.4f}x |"
-        for name in variants
-    ]
+    lines = [f"### Sampler cost ({machine}, torch {result['torch']}, {result['date']})", ""]
+    if costs:
+        lines += ["| read | us per call |", "| --- | --- |"]
+        lines += [f"| {name} | {value:.1f} |" for name, value in costs.items()]
+        lines += [""]
+    width = "8 x Linear(1024), batch 256" if cuda else "8 x Linear(128), batch 32, on the CPU"
+    lines += [f"Training loop ({width}), paired ABBA rounds with an A/A control; size = steps per run:", ""]
+    lines += _paired.MARKDOWN_HEADER
+    lines += [_paired.markdown_row(name, r) for name, r in results.items()]
     lines += [
         "",
         (
-            f"The gpumem sampler itself was busy {busy_fraction * 100:.3f}% of the loop's wall time "
-            f"({result['gpumem_samples']} samples, timed around each read)."
+            f"The sampler's own reads: {cost.samples} samples, mean {cost.mean_s * 1e6:.1f} us, "
+            f"max {cost.max_s * 1e6:.1f} us (timed around each read, on the sampler thread)."
         ),
     ]
     (args.out / "bench_sampler.md").write_text("\n".join(lines) + "\n")
