@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
-from gpumem.ipython import trace_cell
+from gpumem.ipython import profile_cell, trace_cell
 from gpumem.ipython.arguments import complain, display
 from gpumem.ipython.cell_magic import CellRequest, parse_cell_options, split_cell_header
 from gpumem.ipython.oom import OomExplainer
@@ -31,6 +31,7 @@ class _Pending(NamedTuple):
     active: ActiveCell | None
     request: CellRequest | None
     trace: Any = None  # the --trace recorder, recording
+    profile: Any = None  # the --profile profiler, recording
 
 
 # The request of a cell whose measurement could not start (compared by identity).
@@ -70,6 +71,7 @@ class CellHooks:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""
         for pending in self._stack:
             trace_cell.stop(pending.trace)
+            profile_cell.abandon(pending.profile)
         self._stack.clear()
         if self.oom is not None:
             self.oom.close()
@@ -97,7 +99,9 @@ class CellHooks:
         options = request.options if request is not None else state.auto_options()
         count = int(state.shell.execution_count) - 1 if getattr(info, "store_history", False) else None
         active = state.tracker.begin(body, options=options, execution_count=count, namespace=state.shell.user_ns)
-        self._stack.append(_Pending(info, active, request, trace_cell.start(request and request.trace)))
+        traced = trace_cell.start(request and request.trace)
+        profiler = profile_cell.start(request is not None and request.profile)
+        self._stack.append(_Pending(info, active, request, traced, profiler))
 
     def _pop(self, result: Any) -> _Pending | None:
         if not self._stack:
@@ -117,14 +121,15 @@ class CellHooks:
     def _finish(self, pending: _Pending, result: Any) -> None:
         active = pending.active
         assert active is not None
+        count = getattr(result, "execution_count", None)
+        if pending.info is not None and not getattr(pending.info, "store_history", False):
+            count = None
+        profiled = profile_cell.stop(pending.profile, count)  # first: the profiler's own work stays out of the trace
         traced = trace_cell.stop(pending.trace)
         if result is None:
             error: BaseException | None = RuntimeError("the cell did not complete")
         else:
             error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        count = getattr(result, "execution_count", None)
-        if pending.info is not None and not getattr(pending.info, "store_history", False):
-            count = None
         request = pending.request
         record = self.state.tracker.end(
             active,
@@ -137,6 +142,7 @@ class CellHooks:
         self.show(record, request)
         if request is not None:
             trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet)
+            profile_cell.show(profiled, record.quiet)
 
     def _new_output(self, count: int | None) -> dict[str, Any] | None:
         """The cell's entry in IPython's output cache, which keeps its value alive."""
