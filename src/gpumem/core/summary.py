@@ -26,10 +26,12 @@ from gpumem.core.units import format_bytes
 __all__ = [
     "JSON_MARKER",
     "AllocatorSummary",
+    "Figure",
     "SummaryUnavailableError",
     "build_summary",
     "is_stats_export",
     "read_stats",
+    "summaries",
     "write_stats_json",
 ]
 
@@ -44,6 +46,7 @@ class SummaryUnavailableError(Exception):
 class Figure(NamedTuple):
     """One line: a label, the current and peak values (exact), and what it means."""
 
+    key: str  # the memory_stats key without .current/.peak (e.g. "allocated_bytes.large_pool"), or a name of ours
     label: str
     current: int | None
     peak: int | None
@@ -58,14 +61,18 @@ _POOLED = (
     ("active", "active_bytes", "allocated, plus freed blocks still waiting for another stream's work"),
     ("inactive split", "inactive_split_bytes", "free pieces of split blocks: reusable, not returnable to CUDA"),
 )
-_POOLS = (("", "all"), ("  large pool", "large_pool"), ("  small pool", "small_pool"))
+_POOLS = (("", "all"), ("  large pool", "large_pool"), ("  small pool", "small_pool"))  # indented under "all"
 _POOL_MEANING = {
-    "large_pool": "blocks over 1 MiB, in segments of 20 MiB or more",
-    "small_pool": "blocks of 1 MiB or less, in 2 MiB segments",
+    "large_pool": "requests over 1 MiB; segments of 20 MiB, or the request rounded up to 2 MiB above 10 MiB",
+    "small_pool": "requests of 1 MiB or less; 2 MiB segments",
 }
 # (label, key, meaning): counters of events since the process started.
 _COUNTERS = (
-    ("allocation retries", "num_alloc_retries", "cudaMalloc failed, the cache was freed and it was retried (slow)"),
+    (
+        "allocation retries",
+        "num_alloc_retries",
+        "cudaMalloc failed, the cache was freed and it retried (memory is tight)",
+    ),
     ("out-of-memory errors", "num_ooms", "allocations that raised torch.OutOfMemoryError"),
     ("device mallocs", "num_device_alloc", "cudaMalloc (or cuMemMap) calls: each is slow and may synchronize"),
     ("device frees", "num_device_free", "cudaFree (or cuMemUnmap) calls: empty_cache() and retries cause these"),
@@ -85,26 +92,40 @@ def _figures(stats: Mapping[str, Any], reserve: FreeReserve | None) -> list[Figu
             peak = _stat(stats, f"{prefix}.{pool}.peak")
             if current is None and peak is None:
                 continue
-            figures.append(Figure(label + pool_label, current, peak, meaning if pool == "all" else _POOL_MEANING[pool]))
+            text = meaning if pool == "all" else _POOL_MEANING[pool]
+            figures.append(Figure(f"{prefix}.{pool}", pool_label or label, current, peak, text))
     allocated = _stat(stats, "allocated_bytes.all.current")
     reserved = _stat(stats, "reserved_bytes.all.current")
     if allocated is not None and reserved is not None:
-        figures.append(Figure("free reserve", reserved - allocated, None, "reserved minus allocated: cached for reuse"))
+        meaning = "reserved minus allocated: cached for reuse"
+        figures.append(Figure("free_reserve", "free reserve", reserved - allocated, None, meaning))
     if reserve is not None:
         figures += [
-            Figure("largest free block", reserve.largest_free_bytes, None, "the largest request the reserve serves"),
-            Figure("empty_cache() frees", reserve.releasable_bytes, None, "free segments returned to CUDA if called"),
+            Figure(
+                "largest_free_block",
+                "largest free block",
+                reserve.largest_free_bytes,
+                None,
+                "the largest request over 1 MiB the reserve serves without a new cudaMalloc (from the segments)",
+            ),
+            Figure(
+                "releasable",
+                "empty_cache() frees",
+                reserve.releasable_bytes,
+                None,
+                "what torch.cuda.empty_cache() would return to CUDA now: segments with no live block",
+            ),
         ]
     for pool_label, pool in _POOLS:
         current = _stat(stats, f"segment.{pool}.current")
         peak = _stat(stats, f"segment.{pool}.peak")
         if current is not None or peak is not None:
             meaning = "chunks reserved from CUDA" if pool == "all" else _POOL_MEANING[pool]
-            figures.append(Figure("segments" + pool_label, current, peak, meaning, "count"))
+            figures.append(Figure(f"segment.{pool}", pool_label or "segments", current, peak, meaning, "count"))
     for label, key, meaning in _COUNTERS:
         value = _stat(stats, key)
         if value is not None:
-            figures.append(Figure(label, value, None, meaning, "count"))
+            figures.append(Figure(key, label, value, None, meaning, "count"))
     return figures
 
 
@@ -117,12 +138,12 @@ class AllocatorSummary:
         self.reserve = reserve
         self.figures = _figures(stats, reserve)
 
-    def figure(self, label: str) -> Figure:
-        """The figure labelled ``label`` (KeyError if this torch does not report it)."""
+    def figure(self, key: str) -> Figure:
+        """The figure of ``key`` (``"allocated_bytes.all"``, ``"num_ooms"``; KeyError if not reported)."""
         for figure in self.figures:
-            if figure.label.strip() == label:
+            if figure.key == key:
                 return figure
-        raise KeyError(label)
+        raise KeyError(key)
 
     def notes(self) -> list[str]:
         notes = []

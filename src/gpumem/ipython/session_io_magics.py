@@ -99,7 +99,7 @@ def magic_export(state: ExtensionState, line: str) -> None:
 
 
 @magic_arguments("gpumem load")
-@argument("path", help="a file written by %gpumem export (or by %gpumem history --json: cells only)")
+@argument("path", help="a file written by %%gpumem export (or by %%gpumem history --json: cells only)")
 def magic_load(state: ExtensionState, line: str) -> None:
     """Show an exported session, read-only: its memory curves (inline SVG) and its cell history.
     Nothing of the running session changes. In Python: gpumem.core.session_io.read_session(PATH).
