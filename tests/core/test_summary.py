@@ -62,36 +62,52 @@ def test_every_figure_on_its_line_with_what_it_means() -> None:
     assert lines == [
         "gpumem summary of cuda:0 (PyTorch's caching allocator)",
         "                          current       peak",
-        "  allocated             100.0 MiB  200.0 MiB  in tensors now (torch.cuda.memory_allocated), rounded up to "
-        "512 B blocks",
+        (
+            "  allocated             100.0 MiB  200.0 MiB  in tensors now (torch.cuda.memory_allocated), rounded up to "
+            "512 B blocks"
+        ),
         f"    large pool           96.0 MiB  192.0 MiB  {large}",
         f"    small pool            4.0 MiB    8.0 MiB  {small}",
-        "  reserved              120.0 MiB  240.0 MiB  taken from CUDA by the allocator, in tensors or cached "
-        "(memory_reserved)",
+        (
+            "  reserved              120.0 MiB  240.0 MiB  taken from CUDA by the allocator, in tensors or cached "
+            "(memory_reserved)"
+        ),
         f"    large pool          116.0 MiB  232.0 MiB  {large}",
         f"    small pool            4.0 MiB    8.0 MiB  {small}",
-        "  active                100.0 MiB  200.0 MiB  allocated, plus freed blocks still waiting for another "
-        "stream's work",
+        (
+            "  active                100.0 MiB  200.0 MiB  allocated, plus freed blocks still waiting for another "
+            "stream's work"
+        ),
         f"    large pool           96.0 MiB  192.0 MiB  {large}",
         f"    small pool            4.0 MiB    8.0 MiB  {small}",
         "  inactive split          6.0 MiB   12.0 MiB  free pieces of split blocks: reusable, not returnable to CUDA",
         f"    large pool            4.0 MiB    8.0 MiB  {large}",
         f"    small pool            2.0 MiB    4.0 MiB  {small}",
         "  free reserve           20.0 MiB             reserved minus allocated: cached for reuse",
-        "  largest free block     22.0 MiB             the largest request over 1 MiB the reserve serves without a "
-        "new cudaMalloc (from the segments)",
-        "  empty_cache() frees    22.0 MiB             what torch.cuda.empty_cache() would return to CUDA now: "
-        "segments with no live block",
+        (
+            "  largest free block     22.0 MiB             the largest request over 1 MiB the reserve serves without a "
+            "new cudaMalloc (from the segments)"
+        ),
+        (
+            "  empty_cache() frees    22.0 MiB             what torch.cuda.empty_cache() would return to CUDA now: "
+            "segments with no live block"
+        ),
         "  segments                      5          6  chunks reserved from CUDA",
         f"    large pool                  3          4  {large}",
         f"    small pool                  2          3  {small}",
-        "  allocation retries            1             cudaMalloc failed, the cache was freed and it retried (memory "
-        "is tight)",
+        (
+            "  allocation retries            1             cudaMalloc failed, the cache was freed and it retried (memory "
+            "is tight)"
+        ),
         "  out-of-memory errors          0             allocations that raised torch.OutOfMemoryError",
-        "  device mallocs                9             cudaMalloc (or cuMemMap) calls: each is slow and may "
-        "synchronize",
-        "  device frees                  4             cudaFree (or cuMemUnmap) calls: empty_cache() and retries "
-        "cause these",
+        (
+            "  device mallocs                9             cudaMalloc (or cuMemMap) calls: each is slow and may "
+            "synchronize"
+        ),
+        (
+            "  device frees                  4             cudaFree (or cuMemUnmap) calls: empty_cache() and retries "
+            "cause these"
+        ),
     ]
 
 
@@ -103,7 +119,7 @@ def test_figures_are_the_exact_counters() -> None:
     assert summary.figure("largest_free_block").current == 22 * M
     other = build_summary(_stats(), 1, SEGMENTS)  # its own segments only
     assert other.figure("largest_free_block").current == 40 * M
-    assert "<td>largest free block</td>" in summary._repr_html_()  # noqa: SLF001 - the notebook form
+    assert "<td>largest free block</td>" in summary._repr_html_()
 
 
 def test_what_an_older_torch_does_not_count_is_named() -> None:
