@@ -96,8 +96,8 @@ def test_every_figure_on_its_line_with_what_it_means() -> None:
         f"    large pool                  3          4  {large}",
         f"    small pool                  2          3  {small}",
         (
-            "  allocation retries            1             cudaMalloc failed, the cache was freed and it retried (memory "
-            "is tight)"
+            "  allocation retries            1             cudaMalloc failed, the cache was freed and it retried "
+            "(memory is tight)"
         ),
         "  out-of-memory errors          0             allocations that raised torch.OutOfMemoryError",
         (
