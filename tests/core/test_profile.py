@@ -156,3 +156,46 @@ def test_report_text_is_exact() -> None:
             "(the cell's own use included)."
         ),
     ]
+
+
+def test_a_failing_cell_is_profiled_and_the_profiler_stopped(shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    result, cap = run_cell_capture(shell, "%%gpumem --profile\nkept = torch.ones(1000, 1000)\nraise ValueError('no')")
+    assert isinstance(result.error_in_exec, ValueError)
+    assert "aten::ones" in _profile_text(cap)
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_the_users_own_profiler_is_left_alone(shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    with torch.profiler.profile() as theirs:
+        result, cap = run_cell_capture(shell, "%%gpumem --profile\nx = torch.ones(10)")
+        assert result.success
+        assert torch.autograd.profiler._is_profiler_enabled
+    assert cap.stdout.count("gpumem: --profile: a PyTorch profiler is already running in this process") == 1
+    assert any(event.key == "aten::ones" for event in theirs.key_averages())
+
+
+def test_unload_inside_a_profiled_cell_stops_the_profiler(shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    result, _cap = run_cell_capture(shell, "%%gpumem --profile\nx = torch.ones(10)\n%unload_ext gpumem")
+    assert result.success
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert shell.run_cell("%load_ext gpumem").success  # the fixture unloads it again
+
+
+@pytest.mark.parametrize("auto", ["off", "on"])
+def test_profile_under_time(shell: Any, auto: str) -> None:
+    """%%time above %%gpumem: the magic runs the body (auto off) or adopts the measured cell (auto on)."""
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    assert shell.run_cell(f"%gpumem auto {auto}").success
+    result, cap = run_cell_capture(
+        shell, "%%time\n%%gpumem --profile\nm = torch.randn(1000, 1000) @ torch.ones(1000, 1000)"
+    )
+    assert result.success, cap.stderr
+    assert "aten::mm" in _profile_text(cap)
+    assert not torch.autograd.profiler._is_profiler_enabled

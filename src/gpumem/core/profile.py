@@ -194,6 +194,8 @@ class CellProfiler:
         profiler = getattr(torch, "profiler", None)
         if torch is None or profiler is None or not hasattr(profiler, "profile"):
             return "PyTorch is not imported (import torch in an earlier cell to profile this one)"
+        if getattr(getattr(torch.autograd, "profiler", None), "_is_profiler_enabled", False):
+            return "a PyTorch profiler is already running in this process (a second one would disturb it)"
         activities = [profiler.ProfilerActivity.CPU]
         self._cuda = _cuda_available(torch)
         if self._cuda:

@@ -197,7 +197,7 @@ class CellHooks:
                 complain("could not start measuring this cell", error)
                 return
             outer = outer._replace(active=active)
-        self._stack[0] = outer._replace(request=request)
+        self._stack[0] = outer._replace(request=request, profile=outer.profile or profile_cell.start(request.profile))
 
     def measure_body(self, request: CellRequest, body: str, run: Callable[[], _T]) -> _T:
         """``%%gpumem`` called as a function: ``run()`` the body, measured as asked.
@@ -215,6 +215,7 @@ class CellHooks:
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not start measuring this cell", failure)
             return run()  # the user's code runs all the same
+        profiler = profile_cell.start(request.profile)
         error: BaseException | None = None
         try:
             return run()
@@ -222,12 +223,15 @@ class CellHooks:
             error = caught
             raise
         finally:
+            profiled = profile_cell.stop(profiler, self.running_cell_number())
             self._finish_body(cell, error, request)
+            profile_cell.show(profiled, request.options.quiet)
 
     def _adopt(self, request: CellRequest) -> bool:
         for position, pending in enumerate(self._stack):
             if pending.active is not None:
-                self._stack[position] = pending._replace(request=request)
+                profiler = pending.profile or profile_cell.start(request.profile)
+                self._stack[position] = pending._replace(request=request, profile=profiler)
                 return True
         return False
 
