@@ -12,7 +12,7 @@ import pytest
 
 from _harness import run_cell_capture
 from gpumem.core.monitor import Monitor, set_default_monitor
-from gpumem.core.profile import CellProfiler, ProfileCost, ProfileReport, operator_rows
+from gpumem.core.profile import MANY_OPERATOR_CALLS, CellProfiler, ProfileCost, ProfileReport, operator_rows
 
 MATRIX_BYTES = 1000 * 1000 * 4  # one float32 1000x1000 tensor
 
@@ -199,3 +199,13 @@ def test_profile_under_time(shell: Any, auto: str) -> None:
     assert result.success, cap.stderr
     assert "aten::mm" in _profile_text(cap)
     assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_many_calls_advise_a_shorter_cell() -> None:
+    report = ProfileReport([], ProfileCost(1.0, 2.0, None, None, MANY_OPERATOR_CALLS), cuda=False, top=5, cell=None)
+    assert report.cost_text() == (
+        "Profiling recorded 1,000,000 operator calls and added about 3.00 s after the cell (stopping 1.00 s, "
+        "grouping 2.00 s), besides slowing each operator while it ran. The profiler keeps every call in host "
+        "memory until the cell ends: profile a shorter cell (a few steps of the loop) to keep that down."
+    )
+    assert repr(report).splitlines()[1] == "No operator allocated more than it freed during its call."

@@ -22,9 +22,18 @@ from typing import Any, NamedTuple
 from gpumem.core.cells.formatting import STYLE
 from gpumem.core.units import format_bytes
 
-__all__ = ["DEFAULT_TOP_OPERATORS", "CellProfiler", "OperatorMemory", "ProfileCost", "ProfileReport", "operator_rows"]
+__all__ = [
+    "DEFAULT_TOP_OPERATORS",
+    "MANY_OPERATOR_CALLS",
+    "CellProfiler",
+    "OperatorMemory",
+    "ProfileCost",
+    "ProfileReport",
+    "operator_rows",
+]
 
 DEFAULT_TOP_OPERATORS = 15
+MANY_OPERATOR_CALLS = 1_000_000  # beyond this the profiler's own events take hundreds of MB of host memory
 _TEXT_COLUMNS = 2  # operator and input shapes, left-aligned; the figures are right-aligned
 
 
@@ -88,7 +97,7 @@ class ProfileReport:
         shown = self._shown()
         notes = []
         if not shown:
-            notes.append("No operator allocated memory that it kept to its end.")
+            notes.append("No operator allocated more than it freed during its call.")
         elif len(shown) < len([row for row in self.rows if row.largest_bytes() > 0]):
             notes.append(f"The {len(shown)} operators (with their input shapes) that allocated most are shown.")
         notes.append(
@@ -108,7 +117,13 @@ class ProfileReport:
         if cost.rss_before_bytes is not None and cost.rss_after_bytes is not None:
             grown = cost.rss_after_bytes - cost.rss_before_bytes
             text += f"; host memory changed by {_signed_bytes(grown)} while profiling (the cell's own use included)"
-        return text + "."
+        text += "."
+        if cost.operator_calls >= MANY_OPERATOR_CALLS:
+            text += (
+                " The profiler keeps every call in host memory until the cell ends: profile a shorter cell "
+                "(a few steps of the loop) to keep that down."
+            )
+        return text
 
     def __repr__(self) -> str:
         lines = [self._title()]
