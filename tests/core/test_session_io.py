@@ -13,6 +13,7 @@ from gpumem.core.cells.history import write_json
 from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
 from gpumem.core.files import ForeignFileError
 from gpumem.core.session_io import (
+    SavedReport,
     SessionData,
     SessionFormatError,
     capture_session,
@@ -87,7 +88,8 @@ def _same_series(first: list[float], second: list[float]) -> bool:
 def test_round_trip_is_exact(tmp_path: Path) -> None:
     timeline = _timeline()
     cells = [_record(1), _record(2, quiet=True), _record(3)]
-    data = capture_session(timeline, cells)
+    reports = [SavedReport("trace", 3, "gpumem trace of cell [3]\n  <b>x</b> é"), SavedReport("profile", None, "")]
+    data = capture_session(timeline, cells, reports)
     target = tmp_path / "session.json"
     assert write_session(data, target) is False
     loaded = read_session(target)
@@ -100,6 +102,7 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
     assert max(whole.values["cuda:0/allocated"]) == 100 * M  # every sampled peak survives
     assert loaded.marks == timeline.marks()
     assert loaded.cells == cells
+    assert loaded.reports == reports
     assert loaded.wall_offset_s == data.wall_offset_s
     assert loaded.exported_wall_s == data.exported_wall_s
     assert json.loads(target.read_text())["gpumem_session"] == 1  # strict JSON: NaN is null

@@ -78,7 +78,8 @@ def test_export_then_load_shows_the_same_session(shell: Any, tmp_path: Path) -> 
     assert result.success, cap.stderr
     whole = timeline.window(max_points=10**9)
     cells = _state().tracker.history
-    assert cap.stdout == f"wrote {len(whole.times):,} points, {len(timeline.marks()):,} marks and 2 cells to {target}\n"
+    marks = len(timeline.marks())
+    assert cap.stdout == f"wrote {len(whole.times):,} points, {marks:,} marks, 2 cells and 0 reports to {target}\n"
     loaded = read_session(target)
     assert loaded.cells == list(cells)
     assert loaded.cells[1].quiet
@@ -164,3 +165,19 @@ def test_help_lists_the_new_subcommands(shell: Any) -> None:
         shell.run_cell("%gpumem?")
     for text in ("%gpumem summary", "%gpumem export", "%gpumem load", "--parquet", "--profile"):
         assert text in cap.stdout, text
+
+
+def test_a_profile_shown_under_a_cell_is_exported_and_shown_again(shell: Any, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    result, cap = run_cell_capture(shell, "%%gpumem --profile\nm = torch.ones(1000, 1000)")  # cell [1]
+    assert result.success, cap.stderr
+    shown = next(o.data["text/plain"] for o in cap.outputs if o.data["text/plain"].startswith("gpumem profile"))
+    target = tmp_path / "run.json"
+    assert run_cell_capture(shell, f"%gpumem export {target}")[0].success
+    (report,) = read_session(target).reports
+    assert (report.kind, report.cell, report.text) == ("profile", 1, shown)
+    result, cap = run_cell_capture(shell, f"%gpumem load {target}")
+    assert result.success
+    assert "--profile report of cell [1]" in cap.outputs[0].data["text/html"]
+    assert cap.outputs[0].data["text/plain"].endswith(f"--profile report of cell [1]\n{shown}")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from gpumem.core.cells.history import history_rows, record_to_dict
 from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
@@ -30,6 +30,7 @@ from gpumem.core.timeline import Mark, Series, Timeline
 
 __all__ = [
     "JSON_MARKER",
+    "SavedReport",
     "SessionData",
     "SessionFormatError",
     "capture_session",
@@ -44,6 +45,14 @@ __all__ = [
 JSON_MARKER = "gpumem_session"
 JSON_VERSION = 1
 _HISTORY_MARKER = "gpumem_history"  # %gpumem history --json files load too (cells only)
+
+
+class SavedReport(NamedTuple):
+    """A report shown under a cell (``--trace``, ``--profile``), kept as its text."""
+
+    kind: str
+    cell: int | None
+    text: str
 
 
 class SessionFormatError(ValueError):
@@ -61,13 +70,17 @@ class SessionData:
     wall_offset_s: float | None = None
     exported_wall_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    reports: list[SavedReport] = field(default_factory=list)
 
 
-def capture_session(timeline: Timeline, cells: Sequence[CellRecord]) -> SessionData:
+def capture_session(
+    timeline: Timeline, cells: Sequence[CellRecord], reports: Sequence[SavedReport] = ()
+) -> SessionData:
     """The session as it is now (the timeline read through its public window())."""
     series = timeline.window(max_points=sys.maxsize)
     now_wall, now_monotonic = time.time(), time.monotonic()
-    return SessionData(series, timeline.marks(), list(cells), now_wall - now_monotonic, now_wall)
+    offset = now_wall - now_monotonic
+    return SessionData(series, timeline.marks(), list(cells), offset, now_wall, reports=list(reports))
 
 
 # Writing ----------------------------------------------------------------------------------------
@@ -93,6 +106,7 @@ def session_to_json(data: SessionData) -> dict[str, Any]:
         },
         "marks": [[mark.time_s, mark.label] for mark in data.marks],
         "cells": cells,
+        "reports": [report._asdict() for report in data.reports],
     }
 
 
@@ -166,7 +180,18 @@ def read_session(path: str | os.PathLike[str]) -> SessionData:
         cells=_cells(document.get("cells")),
         wall_offset_s=_optional_float(document.get("wall_offset_s")),
         exported_wall_s=_optional_float(document.get("exported_wall_s")),
+        reports=_reports(document.get("reports", [])),
     )
+
+
+def _reports(value: Any) -> list[SavedReport]:
+    reports = []
+    for item in _list(value, "reports"):
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+            raise SessionFormatError("reports: each must be an object with a text")
+        cell = item.get("cell")
+        reports.append(SavedReport(str(item.get("kind", "")), cell if isinstance(cell, int) else None, item["text"]))
+    return reports
 
 
 def _list(value: Any, what: str) -> list[Any]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gpumem.core.cells.formatting import STYLE, format_duration
 from gpumem.core.cells.history import HistoryTable
-from gpumem.core.session_io import SessionData
+from gpumem.core.session_io import SavedReport, SessionData
 from gpumem.core.timeline import Mark, decimate_min_max
 from gpumem.core.units import format_bytes
 
@@ -56,6 +56,7 @@ class LoadedSession:
     def __repr__(self) -> str:
         parts = [self._title(), *self.channel_lines(), *self.data.notes]
         parts.append(repr(HistoryTable(self.data.cells)))
+        parts.extend(f"\n{_report_title(report)}\n{report.text}" for report in self.data.reports)
         return "\n".join(parts)
 
     def _repr_html_(self) -> str:
@@ -64,7 +65,17 @@ class LoadedSession:
         return (
             f"{STYLE}<div class='gpumem-report'><b>{html.escape(self._title())}</b>{lines}"
             f"{curves_svg(self.data.timeline.times, self.data.timeline.values, self.data.marks)}</div>{table}"
+            + "".join(
+                f"<details><summary>{html.escape(_report_title(report))}</summary><pre>{html.escape(report.text)}</pre>"
+                "</details>"
+                for report in self.data.reports
+            )
         )
+
+
+def _report_title(report: SavedReport) -> str:
+    where = f"cell [{report.cell}]" if report.cell is not None else "a cell"
+    return f"--{report.kind} report of {where}"
 
 
 def curves_svg(times: Sequence[float], values: dict[str, list[float]], marks: Sequence[Mark]) -> str:

@@ -9,10 +9,12 @@ user's.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
+from gpumem.core.session_io import SavedReport
 from gpumem.ipython import profile_cell, trace_cell
 from gpumem.ipython.arguments import complain, display
 from gpumem.ipython.cell_magic import CellRequest, parse_cell_options, split_cell_header
@@ -34,6 +36,8 @@ class _Pending(NamedTuple):
     profile: Any = None  # the --profile profiler, recording
 
 
+REPORTS_KEPT = 32  # the latest --trace and --profile reports, for %gpumem export
+
 # The request of a cell whose measurement could not start (compared by identity).
 _NOT_MEASURED = CellRequest(CellOptions(), None)
 
@@ -45,6 +49,7 @@ class CellHooks:
         self.state = state
         self.oom = oom  # None where the out-of-memory explanation could not be set up
         self._stack: list[_Pending] = []
+        self.reports: deque[SavedReport] = deque(maxlen=REPORTS_KEPT)  # shown under cells, oldest first
 
     # The pair -------------------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
@@ -141,8 +146,17 @@ class CellHooks:
         )
         self.show(record, request)
         if request is not None:
-            trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet)
-            profile_cell.show(profiled, record.quiet)
+            self._keep("trace", count, trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet))
+            self._keep("profile", count, profile_cell.show(profiled, record.quiet))
+
+    def _keep(self, kind: str, cell: int | None, report: object) -> None:
+        """Remember a report shown under a cell (as its text) so that an export holds it."""
+        if report is None:
+            return
+        try:
+            self.reports.append(SavedReport(kind, cell, repr(report)))
+        except (Exception, KeyboardInterrupt) as error:
+            complain(f"could not keep the {kind} report for an export", error)
 
     def _new_output(self, count: int | None) -> dict[str, Any] | None:
         """The cell's entry in IPython's output cache, which keeps its value alive."""
@@ -225,7 +239,7 @@ class CellHooks:
         finally:
             profiled = profile_cell.stop(profiler, self.running_cell_number())
             self._finish_body(cell, error, request)
-            profile_cell.show(profiled, request.options.quiet)
+            self._keep("profile", self.running_cell_number(), profile_cell.show(profiled, request.options.quiet))
 
     def _adopt(self, request: CellRequest) -> bool:
         for position, pending in enumerate(self._stack):

@@ -156,6 +156,8 @@ class GpuMemMagics(Magics):
 
     def _subcommand(self, name: str) -> Callable[[str], None]:
         """``%gpumem NAME``'s function, given what it acts on."""
+        if name == "export":  # also the reports shown under cells, which the hooks keep
+            return partial(magic_export, self.state, reports=tuple(self.hooks.reports))
         if name in _STATE_SUBCOMMANDS:
             return partial(_STATE_SUBCOMMANDS[name], self.state)
         return partial(_shell_subcommand(name), self.shell)

@@ -52,11 +52,13 @@ def abandon(profiler: CellProfiler | None) -> None:
         complain("--profile could not stop the profiler", error)
 
 
-def show(report: ProfileReport | None, quiet: bool) -> None:
-    """The table under the cell, unless ``quiet``."""
+def show(report: ProfileReport | None, quiet: bool) -> ProfileReport | None:
+    """The table under the cell, unless ``quiet``; the report shown."""
     if report is None or quiet:
-        return
+        return None
     try:
         display(report)
     except (Exception, KeyboardInterrupt) as error:
         complain("could not show the profile", error)
+        return None
+    return report

@@ -4,11 +4,18 @@ the session (timeline, marks, cell history) written to a file and shown again re
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpumem.core.files import ForeignFileError
-from gpumem.core.session_io import SessionFormatError, capture_session, read_session, write_parquet, write_session
+from gpumem.core.session_io import (
+    SavedReport,
+    SessionFormatError,
+    capture_session,
+    read_session,
+    write_parquet,
+    write_session,
+)
 from gpumem.core.session_view import LoadedSession
 from gpumem.core.summary import SummaryUnavailableError, read_stats, summaries, write_stats_json
 from gpumem.ipython.arguments import (
@@ -76,18 +83,20 @@ def magic_summary(state: ExtensionState, line: str) -> None:
     help="also write PATH's stem .samples.parquet and .cells.parquet (needs pyarrow: pip install gpumem[parquet])",
 )
 @argument("--force", action="store_true", help="replace an existing file even if it is not a gpumem session export")
-def magic_export(state: ExtensionState, line: str) -> None:
+def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport] = ()) -> None:
     """Write this session to a file: the memory timeline (every sample still kept, and each older
-    stretch's minima and maxima), its marks and the cell history. %gpumem load PATH shows it again,
+    stretch's minima and maxima), its marks, the cell history and the latest --trace and --profile
+    reports shown (as text). %gpumem load PATH shows it again,
     on any machine. The file is written aside and renamed over PATH only once complete.
     """
     args = parse_argstring(magic_export, line)
     target = parse_path("path", args.path)
     assert target is not None
-    data = capture_session(state.monitor.timeline, state.tracker.history)
+    data = capture_session(state.monitor.timeline, state.tracker.history, reports)
     if args.parquet and importlib.util.find_spec("pyarrow") is None:  # checked before anything is written
         raise UsageError("--parquet needs pyarrow: pip install 'gpumem[parquet]'")
-    what = f"{len(data.timeline.times):,} points, {len(data.marks):,} marks and {len(data.cells):,} cells"
+    what = f"{len(data.timeline.times):,} points, {len(data.marks):,} marks, {len(data.cells):,} cells"
+    what += f" and {len(data.reports):,} reports"
     _write(lambda: write_session(data, target, force=bool(args.force)), target, what)
     if args.parquet:
         stem = target.with_suffix("") if target.suffix == ".json" else target
