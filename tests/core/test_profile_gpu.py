@@ -50,7 +50,8 @@ def _profile_text(cap: Any) -> str:
 
 
 def test_profile_lists_the_operator_that_allocated_most_on_cuda(gpu: Any) -> None:
-    assert gpu.run_cell("base = torch.empty(64 * MIB, dtype=torch.uint8, device='cuda:0')").success  # cell [1]
+    first = "base = torch.empty(64 * MIB, dtype=torch.uint8, device='cuda:0')"
+    assert run_cell_capture(gpu, first)[0].success  # cell [1]
     cell = "%%gpumem --profile\nsmall = torch.empty(16 * MIB, dtype=torch.uint8, device='cuda:0')\nbig = base.float()"
     result, cap = run_cell_capture(gpu, cell)  # cell [2]
     assert result.success, cap.stderr
