@@ -41,6 +41,7 @@ class CellRequest(NamedTuple):
     options: CellOptions
     top: int | None  # None: the configured default
     trace: TraceRequest | None = None  # --trace: where the cell's memory came from
+    profile: bool = False  # --profile: PyTorch's profiler, the operators that allocated most
 
 
 @magic_arguments("%gpumem")
@@ -78,6 +79,12 @@ class CellRequest(NamedTuple):
     metavar="PATH",
     help="also write the raw snapshot (a pickle, as torch.cuda.memory._dump_snapshot writes) to PATH; implies --trace",
 )
+@argument(
+    "--profile",
+    action="store_true",
+    help="run PyTorch's profiler (torch.profiler, with memory and input shapes; CPU, and CUDA when available) "
+    "while the cell runs and show the operators that allocated most, and what profiling cost",
+)
 def cell_usage(line: str, cell: str | None = None) -> None:
     """Measure one cell: wall time; per CUDA device in use, PyTorch allocated and reserved memory before ->
     after, the exact peak above the starting point and the whole-device used memory (NVML); host RSS
@@ -113,7 +120,7 @@ def parse_cell_options(line: str, source: MemorySource) -> CellRequest:
         mode="magic",
         quiet=bool(args.quiet),
     )
-    return CellRequest(options, args.top, trace)
+    return CellRequest(options, args.top, trace, profile=bool(args.profile))
 
 
 def split_cell_header(raw_cell: str) -> tuple[str, str] | None:

@@ -9,11 +9,13 @@ user's.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
-from gpumem.ipython import trace_cell
+from gpumem.core.session_io import SavedReport
+from gpumem.ipython import profile_cell, trace_cell
 from gpumem.ipython.arguments import complain, display
 from gpumem.ipython.cell_magic import CellRequest, parse_cell_options, split_cell_header
 from gpumem.ipython.oom import OomExplainer
@@ -31,7 +33,10 @@ class _Pending(NamedTuple):
     active: ActiveCell | None
     request: CellRequest | None
     trace: Any = None  # the --trace recorder, recording
+    profile: Any = None  # the --profile profiler, recording
 
+
+REPORTS_KEPT = 32  # the latest --trace and --profile reports, for %gpumem export
 
 # The request of a cell whose measurement could not start (compared by identity).
 _NOT_MEASURED = CellRequest(CellOptions(), None)
@@ -44,6 +49,7 @@ class CellHooks:
         self.state = state
         self.oom = oom  # None where the out-of-memory explanation could not be set up
         self._stack: list[_Pending] = []
+        self.reports: deque[SavedReport] = deque(maxlen=REPORTS_KEPT)  # shown under cells, oldest first
 
     # The pair -------------------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
@@ -70,6 +76,7 @@ class CellHooks:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""
         for pending in self._stack:
             trace_cell.stop(pending.trace)
+            profile_cell.abandon(pending.profile)
         self._stack.clear()
         if self.oom is not None:
             self.oom.close()
@@ -97,7 +104,9 @@ class CellHooks:
         options = request.options if request is not None else state.auto_options()
         count = int(state.shell.execution_count) - 1 if getattr(info, "store_history", False) else None
         active = state.tracker.begin(body, options=options, execution_count=count, namespace=state.shell.user_ns)
-        self._stack.append(_Pending(info, active, request, trace_cell.start(request and request.trace)))
+        traced = trace_cell.start(request and request.trace)
+        profiler = profile_cell.start(request is not None and request.profile)
+        self._stack.append(_Pending(info, active, request, traced, profiler))
 
     def _pop(self, result: Any) -> _Pending | None:
         if not self._stack:
@@ -117,14 +126,15 @@ class CellHooks:
     def _finish(self, pending: _Pending, result: Any) -> None:
         active = pending.active
         assert active is not None
+        count = getattr(result, "execution_count", None)
+        if pending.info is not None and not getattr(pending.info, "store_history", False):
+            count = None
+        profiled = profile_cell.stop(pending.profile, count)  # first: the profiler's own work stays out of the trace
         traced = trace_cell.stop(pending.trace)
         if result is None:
             error: BaseException | None = RuntimeError("the cell did not complete")
         else:
             error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        count = getattr(result, "execution_count", None)
-        if pending.info is not None and not getattr(pending.info, "store_history", False):
-            count = None
         request = pending.request
         record = self.state.tracker.end(
             active,
@@ -136,7 +146,17 @@ class CellHooks:
         )
         self.show(record, request)
         if request is not None:
-            trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet)
+            self._keep("trace", count, trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet))
+            self._keep("profile", count, profile_cell.show(profiled, record.quiet))
+
+    def _keep(self, kind: str, cell: int | None, report: object) -> None:
+        """Remember a report shown under a cell (as its text) so that an export holds it."""
+        if report is None:
+            return
+        try:
+            self.reports.append(SavedReport(kind, cell, repr(report)))
+        except (Exception, KeyboardInterrupt) as error:
+            complain(f"could not keep the {kind} report for an export", error)
 
     def _new_output(self, count: int | None) -> dict[str, Any] | None:
         """The cell's entry in IPython's output cache, which keeps its value alive."""
@@ -191,7 +211,7 @@ class CellHooks:
                 complain("could not start measuring this cell", error)
                 return
             outer = outer._replace(active=active)
-        self._stack[0] = outer._replace(request=request)
+        self._stack[0] = outer._replace(request=request, profile=outer.profile or profile_cell.start(request.profile))
 
     def measure_body(self, request: CellRequest, body: str, run: Callable[[], _T]) -> _T:
         """``%%gpumem`` called as a function: ``run()`` the body, measured as asked.
@@ -209,6 +229,7 @@ class CellHooks:
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not start measuring this cell", failure)
             return run()  # the user's code runs all the same
+        profiler = profile_cell.start(request.profile)
         error: BaseException | None = None
         try:
             return run()
@@ -216,12 +237,15 @@ class CellHooks:
             error = caught
             raise
         finally:
+            profiled = profile_cell.stop(profiler, self.running_cell_number())
             self._finish_body(cell, error, request)
+            self._keep("profile", self.running_cell_number(), profile_cell.show(profiled, request.options.quiet))
 
     def _adopt(self, request: CellRequest) -> bool:
         for position, pending in enumerate(self._stack):
             if pending.active is not None:
-                self._stack[position] = pending._replace(request=request)
+                profiler = pending.profile or profile_cell.start(request.profile)
+                self._stack[position] = pending._replace(request=request, profile=profiler)
                 return True
         return False
 

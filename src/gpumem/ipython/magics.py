@@ -1,7 +1,8 @@
 """``%gpumem`` and ``%%gpumem``: one Magics object, built at load with the state and hooks it acts on.
 
 ``%gpumem <subcommand>`` runs one function ``magic_<name>(subject, line)``: auto, history and status
-(:mod:`gpumem.ipython.session_magics`) act on the loaded
+(:mod:`gpumem.ipython.session_magics`), summary, export and load
+(:mod:`gpumem.ipython.session_io_magics`) act on the loaded
 :class:`~gpumem.ipython.state.ExtensionState`; who and free (:mod:`gpumem.ipython.memory_magics`)
 and monitor and sidebar (:mod:`gpumem.ipython.panel_magics`, imported when first used: the panel
 needs numpy and the widgets) act on the shell. Each parses its options, calls the core and shows
@@ -23,6 +24,7 @@ from gpumem.ipython.arguments import UsageError, line_cell_magic, magics_class
 from gpumem.ipython.cell_magic import HeaderTransformer, cell_usage, parse_cell_options, run_body
 from gpumem.ipython.hooks import CellHooks
 from gpumem.ipython.memory_magics import magic_free, magic_who
+from gpumem.ipython.session_io_magics import magic_export, magic_load, magic_summary
 from gpumem.ipython.session_magics import magic_auto, magic_history, magic_status
 from gpumem.ipython.state import ExtensionState
 
@@ -30,13 +32,16 @@ __all__ = ["SUBCOMMANDS", "GpuMemMagics", "full_help", "subcommand_help"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-SUBCOMMANDS = ("monitor", "sidebar", "auto", "history", "status", "who", "free")
+SUBCOMMANDS = ("monitor", "sidebar", "auto", "history", "status", "summary", "export", "load", "who", "free")
 
 # These act on the loaded extension's state; the others on the shell.
 _STATE_SUBCOMMANDS: dict[str, Callable[[ExtensionState, str], None]] = {
     "auto": magic_auto,
     "history": magic_history,
     "status": magic_status,
+    "summary": magic_summary,
+    "export": magic_export,
+    "load": magic_load,
 }
 
 _HELP_FLAGS = frozenset({"-h", "--help"})
@@ -151,6 +156,8 @@ class GpuMemMagics(Magics):
 
     def _subcommand(self, name: str) -> Callable[[str], None]:
         """``%gpumem NAME``'s function, given what it acts on."""
+        if name == "export":  # also the reports shown under cells, which the hooks keep
+            return partial(magic_export, self.state, reports=tuple(self.hooks.reports))
         if name in _STATE_SUBCOMMANDS:
             return partial(_STATE_SUBCOMMANDS[name], self.state)
         return partial(_shell_subcommand(name), self.shell)

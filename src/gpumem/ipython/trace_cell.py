@@ -58,10 +58,10 @@ def cell_numbers(shell: Any) -> dict[str, int]:
     return {str(name): number for name, number in found.items() if isinstance(number, int)}
 
 
-def show(taken: CellSnapshot | None, trace: TraceRequest | None, shell: Any, cell: int | None, quiet: bool) -> None:
-    """Save the snapshot if asked, then show the report under the cell (unless ``quiet``)."""
+def show(taken: CellSnapshot | None, trace: TraceRequest | None, shell: Any, cell: int | None, quiet: bool) -> Any:
+    """Save the snapshot if asked, then show the report under the cell (unless ``quiet``); the report shown."""
     if taken is None or trace is None:
-        return
+        return None
     saved = None
     if trace.save:
         try:
@@ -69,7 +69,7 @@ def show(taken: CellSnapshot | None, trace: TraceRequest | None, shell: Any, cel
         except (Exception, KeyboardInterrupt) as error:
             complain(f"could not save the trace to {trace.save}", error)
     if quiet:
-        return
+        return None
     try:
         report = build_report(taken, cell_numbers=cell_numbers(shell), cell=cell)
         if saved is not None:
@@ -77,3 +77,5 @@ def show(taken: CellSnapshot | None, trace: TraceRequest | None, shell: Any, cel
         display(report)
     except (Exception, KeyboardInterrupt) as error:
         complain("could not show the trace", error)
+        return None
+    return report

@@ -1,0 +1,249 @@
+"""A session on file: ``%gpumem export`` writes the timeline, its marks and the cell history; ``%gpumem
+load`` reads them back, read-only, to look at on a machine without the GPU.
+
+The timeline is exported as :meth:`Timeline.window` returns it over all time with no decimation:
+raw samples where they are still kept, and for older stretches each coarser bucket's minimum and
+maximum (so every peak ever sampled is there). A cell is :func:`record_to_dict`'s object plus
+``quiet``; loading rebuilds the same :class:`CellRecord`, so a round trip is exact (NaN, "not
+measured", is written as null). The JSON file is written atomically; with pyarrow installed
+(``pip install gpumem[parquet]``) the samples and cells can also be written as Parquet files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
+
+from gpumem.core.cells.history import history_rows, record_to_dict
+from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
+from gpumem.core.files import replace_file
+from gpumem.core.timeline import Mark, Series, Timeline
+
+__all__ = [
+    "JSON_MARKER",
+    "SavedReport",
+    "SessionData",
+    "SessionFormatError",
+    "capture_session",
+    "is_session_export",
+    "read_session",
+    "record_from_dict",
+    "session_to_json",
+    "write_parquet",
+    "write_session",
+]
+
+JSON_MARKER = "gpumem_session"
+JSON_VERSION = 1
+_HISTORY_MARKER = "gpumem_history"  # %gpumem history --json files load too (cells only)
+
+
+class SavedReport(NamedTuple):
+    """A report shown under a cell (``--trace``, ``--profile``), kept as its text."""
+
+    kind: str
+    cell: int | None
+    text: str
+
+
+class SessionFormatError(ValueError):
+    """The file is not a gpumem session (or history) export, or is damaged; the message says where."""
+
+
+@dataclass
+class SessionData:
+    """What an export holds. Times are the exporting process's monotonic seconds;
+    ``wall_offset_s`` added to one gives the wall-clock time (seconds since the epoch)."""
+
+    timeline: Series
+    marks: list[Mark]
+    cells: list[CellRecord]
+    wall_offset_s: float | None = None
+    exported_wall_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+    reports: list[SavedReport] = field(default_factory=list)
+
+
+def capture_session(
+    timeline: Timeline, cells: Sequence[CellRecord], reports: Sequence[SavedReport] = ()
+) -> SessionData:
+    """The session as it is now (the timeline read through its public window())."""
+    series = timeline.window(max_points=sys.maxsize)
+    now_wall, now_monotonic = time.time(), time.monotonic()
+    offset = now_wall - now_monotonic
+    return SessionData(series, timeline.marks(), list(cells), offset, now_wall, reports=list(reports))
+
+
+# Writing ----------------------------------------------------------------------------------------
+
+
+def _number(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def session_to_json(data: SessionData) -> dict[str, Any]:
+    cells = []
+    for record in data.cells:
+        cell = record_to_dict(record)
+        cell["quiet"] = record.quiet
+        cells.append(cell)
+    return {
+        JSON_MARKER: JSON_VERSION,
+        "exported_wall_s": data.exported_wall_s,
+        "wall_offset_s": data.wall_offset_s,
+        "timeline": {
+            "times": list(data.timeline.times),
+            "values": {name: [_number(v) for v in values] for name, values in data.timeline.values.items()},
+        },
+        "marks": [[mark.time_s, mark.label] for mark in data.marks],
+        "cells": cells,
+        "reports": [report._asdict() for report in data.reports],
+    }
+
+
+def write_session(data: SessionData, path: str | os.PathLike[str], *, force: bool = False) -> bool:
+    """The session as one JSON file, atomically; True when it replaced an earlier export.
+
+    Another file there raises :class:`~gpumem.core.files.ForeignFileError` unless ``force``.
+    """
+
+    def write(handle: TextIO) -> None:
+        json.dump(session_to_json(data), handle, allow_nan=False)
+        handle.write("\n")
+
+    return replace_file(path, write, recognise=is_session_export, force=force)
+
+
+def is_session_export(start: bytes) -> bool:
+    text = start.decode("utf-8", errors="replace").lstrip()
+    return re.match(r'\{\s*"' + JSON_MARKER + r'"\s*:', text) is not None
+
+
+def write_parquet(data: SessionData, stem: Path) -> list[Path]:
+    """``STEM.samples.parquet`` (one row per time, one column per channel) and ``STEM.cells.parquet``
+    (the history's flat rows); ImportError without pyarrow. Each is written aside and renamed."""
+    pa = importlib.import_module("pyarrow")  # optional: imported only when asked for
+    pq = importlib.import_module("pyarrow.parquet")
+
+    samples = pa.table({"time_s": data.timeline.times, **data.timeline.values})
+    rows = history_rows(data.cells)
+    cells = pa.Table.from_pylist(rows) if rows else pa.table({"cell": pa.array([], pa.int64())})
+    written = []
+    for suffix, table in ((".samples.parquet", samples), (".cells.parquet", cells)):
+        target = stem.with_name(stem.name + suffix)
+        aside = target.with_name(f".{target.name}.tmp")
+        try:
+            pq.write_table(table, aside)
+            aside.replace(target)
+        except BaseException:
+            aside.unlink(missing_ok=True)
+            raise
+        written.append(target)
+    return written
+
+
+# Reading ----------------------------------------------------------------------------------------
+
+
+def read_session(path: str | os.PathLike[str]) -> SessionData:
+    """An export read back (a session, or a ``%gpumem history --json`` file: cells only).
+
+    OSError when it cannot be read; :class:`SessionFormatError` when it is not such a file.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SessionFormatError(f"not JSON (line {error.lineno}: {error.msg})") from None
+    if not isinstance(document, dict):
+        raise SessionFormatError("not a gpumem export (the file is not a JSON object)")
+    if document.get(_HISTORY_MARKER) == 1:
+        cells = _cells(document.get("cells"))
+        return SessionData(Series([], {}), [], cells, notes=["A history export: cells only, no timeline."])
+    version = document.get(JSON_MARKER)
+    if version is None:
+        raise SessionFormatError(f"not a gpumem export (no {JSON_MARKER!r} key)")
+    if version != JSON_VERSION:
+        raise SessionFormatError(f"a gpumem export of version {version!r}; this gpumem reads version {JSON_VERSION}")
+    return SessionData(
+        timeline=_series(document.get("timeline")),
+        marks=[Mark(float(time_s), str(label)) for time_s, label in _list(document.get("marks"), "marks")],
+        cells=_cells(document.get("cells")),
+        wall_offset_s=_optional_float(document.get("wall_offset_s")),
+        exported_wall_s=_optional_float(document.get("exported_wall_s")),
+        reports=_reports(document.get("reports", [])),
+    )
+
+
+def _reports(value: Any) -> list[SavedReport]:
+    reports = []
+    for item in _list(value, "reports"):
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+            raise SessionFormatError("reports: each must be an object with a text")
+        cell = item.get("cell")
+        reports.append(SavedReport(str(item.get("kind", "")), cell if isinstance(cell, int) else None, item["text"]))
+    return reports
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise SessionFormatError(f"{what}: expected a list")
+    return value
+
+
+def _optional_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _series(value: Any) -> Series:
+    if not isinstance(value, dict):
+        raise SessionFormatError("timeline: expected an object")
+    times = [float(t) for t in _list(value.get("times"), "timeline times")]
+    channels = value.get("values")
+    if not isinstance(channels, dict):
+        raise SessionFormatError("timeline values: expected an object")
+    values: dict[str, list[float]] = {}
+    for name, column in channels.items():
+        numbers = [math.nan if v is None else float(v) for v in _list(column, f"timeline channel {name!r}")]
+        if len(numbers) != len(times):
+            raise SessionFormatError(f"timeline channel {name!r} has {len(numbers)} values for {len(times)} times")
+        values[str(name)] = numbers
+    return Series(times, values)
+
+
+def _cells(value: Any) -> list[CellRecord]:
+    cells: list[CellRecord] = []
+    items = _list(value, "cells")
+    try:
+        cells.extend(record_from_dict(item) for item in items)
+    except (TypeError, KeyError, ValueError) as error:
+        raise SessionFormatError(f"cell {len(cells) + 1}: {type(error).__name__}: {error}") from None
+    return cells
+
+
+def _fields(cls: Any, item: Mapping[str, Any]) -> dict[str, Any]:
+    """The NamedTuple's own fields of ``item`` (record_to_dict adds derived ones, such as deltas)."""
+    if not isinstance(item, Mapping):
+        raise TypeError(f"expected an object, not {type(item).__name__}")
+    return {name: item[name] for name in cls._fields if name in item}
+
+
+def record_from_dict(item: Mapping[str, Any]) -> CellRecord:
+    """The :class:`CellRecord` that :func:`record_to_dict` (plus ``quiet``) described."""
+    fields = _fields(CellRecord, item)
+    fields["devices"] = tuple(DeviceChange(**_fields(DeviceChange, d)) for d in item["devices"])
+    host = item.get("host")
+    fields["host"] = None if host is None else HostChange(**_fields(HostChange, host))
+    fields["variables"] = tuple(VariableChange(**_fields(VariableChange, v)) for v in item["variables"])
+    fields["warnings"] = tuple(CellWarning(**_fields(CellWarning, w)) for w in item["warnings"])
+    fields.setdefault("quiet", False)  # history exports do not say
+    return CellRecord(**fields)

@@ -1,0 +1,127 @@
+"""A loaded session, read-only: its memory curves as an inline SVG and its cell history table.
+
+Static on purpose: it needs no GPU, no widgets and no running kernel state, so an export opens in
+any notebook on a laptop (and the text form in a terminal).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Sequence
+
+from gpumem.core.cells.formatting import STYLE, format_duration
+from gpumem.core.cells.history import HistoryTable
+from gpumem.core.session_io import SavedReport, SessionData
+from gpumem.core.timeline import Mark, decimate_min_max
+from gpumem.core.units import format_bytes
+
+__all__ = ["LoadedSession"]
+
+_WIDTH, _HEIGHT, _MARGIN = 720, 220, 8
+_POINTS_DRAWN = 1_200  # per curve: min/max decimation keeps every peak visible
+_MARKS_DRAWN = 200
+_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+class LoadedSession:
+    """What ``%gpumem load`` shows; :attr:`data` holds every sample, mark and cell as exported."""
+
+    def __init__(self, data: SessionData, source: str) -> None:
+        self.data = data
+        self.source = source
+
+    def _title(self) -> str:
+        exported = self.data.exported_wall_s
+        when = f", exported {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(exported))}" if exported else ""
+        return f"gpumem session from {self.source}{when} (read-only)"
+
+    def channel_lines(self) -> list[str]:
+        """Per channel: its peak and last value."""
+        series = self.data.timeline
+        times = series.times
+        if not times:
+            return ["No samples in this export."]
+        span = format_duration(times[-1] - times[0])
+        lines = [f"{len(times):,} points over {span}; marks: {len(self.data.marks):,}; cells: {len(self.data.cells):,}"]
+        for name, values in series.values.items():
+            finite = [value for value in values if not math.isnan(value)]
+            if finite:
+                lines.append(f"  {name}: peak {format_bytes(max(finite))}, last {format_bytes(finite[-1])}")
+            else:
+                lines.append(f"  {name}: never measured")
+        return lines
+
+    def __repr__(self) -> str:
+        parts = [self._title(), *self.channel_lines(), *self.data.notes]
+        parts.append(repr(HistoryTable(self.data.cells)))
+        parts.extend(f"\n{_report_title(report)}\n{report.text}" for report in self.data.reports)
+        return "\n".join(parts)
+
+    def _repr_html_(self) -> str:
+        lines = "".join(f"<div>{html.escape(line)}</div>" for line in [*self.channel_lines(), *self.data.notes])
+        table = HistoryTable(self.data.cells)._repr_html_()
+        return (
+            f"{STYLE}<div class='gpumem-report'><b>{html.escape(self._title())}</b>{lines}"
+            f"{curves_svg(self.data.timeline.times, self.data.timeline.values, self.data.marks)}</div>{table}"
+            + "".join(
+                f"<details><summary>{html.escape(_report_title(report))}</summary><pre>{html.escape(report.text)}</pre>"
+                "</details>"
+                for report in self.data.reports
+            )
+        )
+
+
+def _report_title(report: SavedReport) -> str:
+    where = f"cell [{report.cell}]" if report.cell is not None else "a cell"
+    return f"--{report.kind} report of {where}"
+
+
+def curves_svg(times: Sequence[float], values: dict[str, list[float]], marks: Sequence[Mark]) -> str:
+    """The channels as polylines on one byte scale, marks as dashed vertical lines, with a legend."""
+    if not times:
+        return ""
+    series = decimate_min_max(times, values, _POINTS_DRAWN)
+    finite = [v for column in series.values.values() for v in column if not math.isnan(v)]
+    top = max(finite, default=0.0) or 1.0
+    start, end = series.times[0], series.times[-1]
+    width = (end - start) or 1.0
+
+    def x(time_s: float) -> float:
+        return _MARGIN + (time_s - start) / width * (_WIDTH - 2 * _MARGIN)
+
+    def y(value: float) -> float:
+        return _HEIGHT - _MARGIN - value / top * (_HEIGHT - 2 * _MARGIN)
+
+    shapes = []
+    for mark in [m for m in marks if start <= m.time_s <= end][-_MARKS_DRAWN:]:
+        left = f"{x(mark.time_s):.1f}"
+        shapes.append(
+            f"<line x1='{left}' x2='{left}' y1='0' y2='{_HEIGHT}' stroke='#bbb' stroke-dasharray='3,3'>"
+            f"<title>{html.escape(mark.label)}</title></line>"
+        )
+    legend = []
+    for index, (name, column) in enumerate(series.values.items()):
+        colour = _COLOURS[index % len(_COLOURS)]
+        for run in _runs(series.times, column):
+            points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in run)
+            shapes.append(f"<polyline fill='none' stroke='{colour}' stroke-width='1.5' points='{points}'/>")
+        legend.append(f"<span style='color:{colour}'>&#9632; {html.escape(name)}</span>")
+    return (
+        f"<div>{' '.join(legend)} (top of the scale: {html.escape(format_bytes(top))})</div>"
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{_WIDTH}' height='{_HEIGHT}' "
+        f"style='border:1px solid #ddd'>{''.join(shapes)}</svg>"
+    )
+
+
+def _runs(times: Sequence[float], column: Sequence[float]) -> list[list[tuple[float, float]]]:
+    """Stretches of measured points: a NaN (not measured) breaks the line."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    for time_s, value in zip(times, column, strict=True):
+        if math.isnan(value):
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append((time_s, value))
+    return [run for run in runs if run]

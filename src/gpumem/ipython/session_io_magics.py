@@ -1,0 +1,139 @@
+"""``%gpumem summary``, ``%gpumem export`` and ``%gpumem load``: the allocator's state annotated, and
+the session (timeline, marks, cell history) written to a file and shown again read-only."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gpumem.core.files import ForeignFileError
+from gpumem.core.session_io import (
+    SavedReport,
+    SessionFormatError,
+    capture_session,
+    read_session,
+    write_parquet,
+    write_session,
+)
+from gpumem.core.session_view import LoadedSession
+from gpumem.core.summary import SummaryUnavailableError, read_stats, summaries, write_stats_json
+from gpumem.ipython.arguments import (
+    UsageError,
+    argument,
+    check_devices_exist,
+    display,
+    magic_arguments,
+    parse_argstring,
+    parse_devices,
+    parse_path,
+)
+from gpumem.ipython.state import ExtensionState
+
+__all__ = ["magic_export", "magic_load", "magic_summary"]
+
+
+@magic_arguments("gpumem summary")
+@argument("-d", "--device", metavar="DEVICES", help="CUDA devices, e.g. '0' or '0,1' (default: every one in use)")
+@argument(
+    "--json",
+    metavar="PATH",
+    help='also write every figure of torch.cuda.memory_stats to PATH: {"gpumem_memory_stats": 1, "devices": {...}}',
+)
+@argument("--force", action="store_true", help="replace an existing file even if it is not such an export")
+def magic_summary(state: ExtensionState, line: str) -> None:
+    """PyTorch's caching allocator, one line per figure saying what it means: allocated, reserved, active
+    and inactive-split memory (all, large pool, small pool; current and peak), the free reserve, the
+    largest free block and what empty_cache() would free (from the segments), segments, allocation
+    retries, out-of-memory errors, device mallocs and frees. Never starts CUDA.
+    """
+    args = parse_argstring(magic_summary, line)
+    source = state.monitor.source
+    target = parse_path("--json", args.json)
+    devices = parse_devices(args.device) if args.device else tuple(source.cuda_devices())
+    if args.device:
+        check_devices_exist(devices, source)
+    if not devices:
+        try:
+            read_stats(source, 0)  # says why there is no device to summarize
+        except SummaryUnavailableError as why:
+            print(f"gpumem summary: {why}.")
+            return
+        print("gpumem summary: no CUDA device is in use in this process.")
+        return
+    try:
+        found = summaries(source, devices)
+    except SummaryUnavailableError as why:
+        if str(why).startswith("no such device"):
+            raise UsageError(f"--device: {why}") from None
+        print(f"gpumem summary: {why}.")
+        return
+    for summary in found:
+        display(summary)
+    if target is not None:
+        stats = {summary.device: summary.stats for summary in found}
+        _write(lambda: write_stats_json(stats, target, force=bool(args.force)), target, "the memory statistics")
+
+
+@magic_arguments("gpumem export")
+@argument("path", help="the JSON file to write")
+@argument(
+    "--parquet",
+    action="store_true",
+    help="also write PATH's stem .samples.parquet and .cells.parquet (needs pyarrow: pip install gpumem[parquet])",
+)
+@argument("--force", action="store_true", help="replace an existing file even if it is not a gpumem session export")
+def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport] = ()) -> None:
+    """Write this session to a file: the memory timeline (every sample still kept, and each older
+    stretch's minima and maxima), its marks, the cell history and the latest --trace and --profile
+    reports shown (as text). %gpumem load PATH shows it again,
+    on any machine. The file is written aside and renamed over PATH only once complete.
+    """
+    args = parse_argstring(magic_export, line)
+    target = parse_path("path", args.path)
+    assert target is not None
+    data = capture_session(state.monitor.timeline, state.tracker.history, reports)
+    if args.parquet and importlib.util.find_spec("pyarrow") is None:  # checked before anything is written
+        raise UsageError("--parquet needs pyarrow: pip install 'gpumem[parquet]'")
+    what = f"{len(data.timeline.times):,} points, {len(data.marks):,} marks, {len(data.cells):,} cells"
+    what += f" and {len(data.reports):,} reports"
+    _write(lambda: write_session(data, target, force=bool(args.force)), target, what)
+    if args.parquet:
+        stem = target.with_suffix("") if target.suffix == ".json" else target
+        try:
+            written = write_parquet(data, stem)
+        except OSError as error:
+            raise UsageError(f"cannot write Parquet next to {str(target)!r}: {error.strerror or error}") from None
+        print("wrote " + " and ".join(str(path) for path in written))
+
+
+@magic_arguments("gpumem load")
+@argument("path", help="a file written by %%gpumem export (or by %%gpumem history --json: cells only)")
+def magic_load(state: ExtensionState, line: str) -> None:
+    """Show an exported session, read-only: its memory curves (inline SVG) and its cell history.
+    Nothing of the running session changes. In Python: gpumem.core.session_io.read_session(PATH).
+    """
+    del state  # the loaded session is shown, not merged into this one
+    args = parse_argstring(magic_load, line)
+    target = parse_path("path", args.path)
+    assert target is not None
+    try:
+        data = read_session(target)
+    except SessionFormatError as error:
+        raise UsageError(f"{target}: {error}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{target}: not a gpumem export (not UTF-8 text)") from None
+    except OSError as error:
+        raise UsageError(f"cannot read {str(target)!r}: {error.strerror or error}") from None
+    display(LoadedSession(data, str(target)))
+
+
+def _write(write: Callable[[], bool], target: Path, what: str) -> None:
+    """Run one atomic writer and say what it did; a refusal or a failure is a one-line UsageError."""
+    try:
+        replaced = write()
+    except ForeignFileError:
+        raise UsageError(f"{target} exists and is not a gpumem export; it was left as it was (--force)") from None
+    except OSError as error:
+        raise UsageError(f"cannot write {str(target)!r}: {error.strerror or error}") from None
+    print(f"replaced {target} with {what}" if replaced else f"wrote {what} to {target}")

@@ -1,0 +1,116 @@
+"""``%%gpumem --profile`` and ``%gpumem summary`` on a real CUDA GPU. Bytes are exact: every size here
+is a multiple of 2 MiB, so the allocator's block is the size asked for, and the profiler reports
+block sizes; the summary's figures are compared with ``torch.cuda.memory_stats`` read right after."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.profile import CellProfiler
+from gpumem.core.sources import SystemSource
+from gpumem.core.summary import summaries
+from gpumem.core.units import format_bytes
+
+pytestmark = pytest.mark.gpu
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def gpu(ip: Any) -> Iterator[Any]:
+    torch = pytest.importorskip("torch")
+    ip.user_ns["torch"] = torch
+    ip.user_ns["MIB"] = MIB
+    assert ip.run_cell("torch.zeros(1, device='cuda:0'); torch.cuda.synchronize(0)").success
+    gc.collect()
+    torch.cuda.empty_cache()
+    set_default_monitor(Monitor())
+    assert ip.run_cell("%load_ext gpumem").success
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+        ip.reset(new_session=False)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _profile_text(cap: Any) -> str:
+    texts = [output.data.get("text/plain", "") for output in cap.outputs]
+    found = [text for text in texts if text.startswith("gpumem profile of")]
+    assert len(found) == 1, texts
+    return found[0]
+
+
+def test_profile_lists_the_operator_that_allocated_most_on_cuda(gpu: Any) -> None:
+    first = "base = torch.empty(64 * MIB, dtype=torch.uint8, device='cuda:0')"
+    assert run_cell_capture(gpu, first)[0].success  # cell [1]
+    cell = "%%gpumem --profile\nsmall = torch.empty(16 * MIB, dtype=torch.uint8, device='cuda:0')\nbig = base.float()"
+    result, cap = run_cell_capture(gpu, cell)  # cell [2]
+    assert result.success, cap.stderr
+    text = _profile_text(cap)
+    lines = text.splitlines()
+    assert lines[0] == "gpumem profile of cell [2]: operators by memory, CPU and CUDA"
+    assert lines[1].split()[:3] == ["operator", "input", "shapes"]
+    top = lines[2].split()
+    assert top[0] == "aten::empty_strided", text  # where aten::_to_copy allocates its 256 MiB float32 result
+    assert " ".join(top).endswith("256.0 MiB 256.0 MiB"), text  # self and total CUDA
+    to_row = next(line for line in lines if line.strip().startswith("aten::to "))
+    assert to_row.rstrip().endswith("256.0 MiB"), text  # its total: the copy it made
+    assert "host memory changed by" in text
+
+
+def test_profiler_rows_are_exact_on_cuda(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    profiler = CellProfiler()
+    assert profiler.start() is None
+    kept = torch.empty(128 * MIB, dtype=torch.uint8, device="cuda:0")
+    report = profiler.stop(cell=None)
+    assert report is not None
+    assert report.cuda
+    top = report.rows[0]
+    assert (top.name, top.self_device_bytes, top.device_bytes, top.calls) == ("aten::empty", 128 * MIB, 128 * MIB, 1)
+    assert top.self_cpu_bytes == 0
+    del kept
+
+
+def test_summary_figures_are_memory_stats(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    assert gpu.run_cell("x = torch.empty(64 * MIB, dtype=torch.uint8, device='cuda:0')").success
+    (summary,) = summaries(SystemSource(), (0,))
+    stats = torch.cuda.memory_stats(0)
+    for key in ("allocated_bytes.all", "reserved_bytes.large_pool", "active_bytes.small_pool", "segment.all"):
+        figure = summary.figure(key)
+        assert (figure.current, figure.peak) == (stats[f"{key}.current"], stats[f"{key}.peak"]), key
+    for key in ("num_alloc_retries", "num_ooms", "num_device_alloc"):
+        if key in stats:
+            assert summary.figure(key).current == stats[key], key
+    assert summary.figure("free_reserve").current == (
+        stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
+    )
+
+    assert gpu.run_cell("del x").success  # its 64 MiB segment is now wholly free
+    result, cap = run_cell_capture(gpu, "%gpumem summary -d 0")
+    assert result.success, cap.stderr
+    text = cap.outputs[0].data["text/plain"]
+    stats = torch.cuda.memory_stats(0)
+    allocated = format_bytes(stats["allocated_bytes.all.current"])
+    assert any(line.split()[:3] == ["allocated", *allocated.split()] for line in text.splitlines()), text
+    (after,) = summaries(SystemSource(), (0,))
+    assert after.figure("largest_free_block").current == 64 * MIB
+    assert after.figure("releasable").current >= 64 * MIB  # the 64 MiB segment, and any other empty one
+
+
+def test_summary_refuses_a_device_that_does_not_exist(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    missing = torch.cuda.device_count()
+    result, cap = run_cell_capture(gpu, f"%gpumem summary -d {missing}")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert f"--device cuda:{missing}: no such device" in cap.stderr + cap.stdout

@@ -1,0 +1,187 @@
+"""Session export and load: every sample, mark and cell comes back exactly (NaN included), older
+stretches as their buckets' extremes, a damaged or foreign file refused with where, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from gpumem.core.cells.history import write_json
+from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
+from gpumem.core.files import ForeignFileError
+from gpumem.core.session_io import (
+    SavedReport,
+    SessionData,
+    SessionFormatError,
+    capture_session,
+    read_session,
+    write_parquet,
+    write_session,
+)
+from gpumem.core.session_view import LoadedSession
+from gpumem.core.timeline import Level, Timeline
+
+M = 1 << 20
+
+
+def _record(serial: int, *, quiet: bool = False) -> CellRecord:
+    device = DeviceChange(
+        device=0,
+        allocated_before_bytes=10 * M,
+        allocated_after_bytes=74 * M + serial,
+        reserved_before_bytes=20 * M,
+        reserved_after_bytes=80 * M,
+        peak_allocated_bytes=90 * M,
+        peak_exact=serial % 2 == 0,
+        peak_note="" if serial % 2 == 0 else "sampled: a lower bound",
+        peak_reserved_bytes=100 * M,
+        used_before_bytes=None,
+        used_after_bytes=1 << 33,
+        total_bytes=80 << 30,
+        initialized_in_cell=serial == 1,
+        process_used_after_bytes=None,
+    )
+    return CellRecord(
+        serial=serial,
+        execution_count=serial + 1 if serial != 2 else None,
+        first_line="x = torch.zeros(1 << 24, device='cuda')  # é \u2013",
+        source_hash="0123456789abcdef",
+        started_wall_s=1_700_000_000.123456 + serial,
+        duration_s=0.1 + serial / 3,
+        status="ok" if serial != 3 else "out of memory",
+        error=None if serial != 3 else "OutOfMemoryError: CUDA out of memory.",
+        devices=(device,),
+        host=HostChange(1 << 30, (1 << 30) + 4096, (1 << 30) + 8192, peak_exact=True) if serial != 2 else None,
+        variables=(VariableChange("x", "Tensor", "cuda:0", 64 * M, None, hidden=False),),
+        variables_note="",
+        warnings=(CellWarning("leak", "x grows by 64 MiB each run"),) if serial == 3 else (),
+        cuda_note=None,
+        keep_peaks=serial == 2,
+        mode="magic" if serial != 2 else "auto",
+        quiet=quiet,
+    )
+
+
+def _timeline() -> Timeline:
+    """Small levels, so older samples survive only as 1 s and 4 s buckets."""
+    timeline = Timeline(levels=(Level(0.0, 20), Level(1.0, 6), Level(4.0, 50)))
+    for step in range(200):
+        time_s = 100.0 + step * 0.1
+        values = {"cuda:0/allocated": float((step * 37) % 101) * M, "host/rss": float(1 << 30) + step}
+        if step % 7 == 0:
+            values["cuda:0/used"] = math.nan  # not measured at this sample
+        timeline.append(time_s, values)
+        if step % 50 == 0:
+            timeline.add_mark(time_s, f"cell [{step // 50}] \u2713")
+    return timeline
+
+
+def _same_series(first: list[float], second: list[float]) -> bool:
+    return len(first) == len(second) and all(
+        (math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(first, second, strict=True)
+    )
+
+
+def test_round_trip_is_exact(tmp_path: Path) -> None:
+    timeline = _timeline()
+    cells = [_record(1), _record(2, quiet=True), _record(3)]
+    reports = [SavedReport("trace", 3, "gpumem trace of cell [3]\n  <b>x</b> é"), SavedReport("profile", None, "")]
+    data = capture_session(timeline, cells, reports)
+    target = tmp_path / "session.json"
+    assert write_session(data, target) is False
+    loaded = read_session(target)
+    whole = timeline.window(max_points=10**9)
+    assert loaded.timeline.times == whole.times
+    assert loaded.timeline.values.keys() == whole.values.keys() == {"cuda:0/allocated", "host/rss", "cuda:0/used"}
+    for name, values in whole.values.items():
+        assert _same_series(loaded.timeline.values[name], values), name
+    assert len(whole.times) > 20  # the raw ring alone holds 20: older stretches are there as buckets
+    assert max(whole.values["cuda:0/allocated"]) == 100 * M  # every sampled peak survives
+    assert loaded.marks == timeline.marks()
+    assert loaded.cells == cells
+    assert loaded.reports == reports
+    assert loaded.wall_offset_s == data.wall_offset_s
+    assert loaded.exported_wall_s == data.exported_wall_s
+    assert json.loads(target.read_text())["gpumem_session"] == 1  # strict JSON: NaN is null
+    assert "NaN" not in target.read_text()
+
+
+def test_a_history_export_loads_as_cells(tmp_path: Path) -> None:
+    cells = [_record(1), _record(3)]
+    target = tmp_path / "history.json"
+    write_json(cells, target)
+    loaded = read_session(target)
+    assert loaded.cells == cells
+    assert loaded.timeline.times == []
+    assert loaded.notes == ["A history export: cells only, no timeline."]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "not JSON (line 1: Expecting value)"),
+        ("[1]", "not a gpumem export (the file is not a JSON object)"),
+        ('{"other": 1}', "not a gpumem export (no 'gpumem_session' key)"),
+        ('{"gpumem_session": 2}', "a gpumem export of version 2; this gpumem reads version 1"),
+        (
+            '{"gpumem_session": 1, "timeline": {"times": [1], "values": {"a": []}}, "marks": [], "cells": []}',
+            "timeline channel 'a' has 0 values for 1 times",
+        ),
+        (
+            '{"gpumem_session": 1, "timeline": {"times": [], "values": {}}, "marks": [], "cells": [{"serial": 1}]}',
+            "cell 1: KeyError: 'devices'",
+        ),
+    ],
+)
+def test_a_bad_file_is_refused_saying_why(tmp_path: Path, text: str, message: str) -> None:
+    target = tmp_path / "bad.json"
+    target.write_text(text)
+    with pytest.raises(SessionFormatError) as refused:
+        read_session(target)
+    assert str(refused.value) == message
+
+
+def test_another_file_is_not_replaced(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}')
+    data = capture_session(_timeline(), [])
+    with pytest.raises(ForeignFileError):
+        write_session(data, notes)
+    assert notes.read_text() == '{"mine": true}'
+    assert write_session(data, notes, force=True) is True
+    assert write_session(data, notes) is True  # now it is an export: replaced without --force
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.json"]
+
+
+def test_parquet_holds_the_same_samples_and_cells(tmp_path: Path) -> None:
+    parquet = pytest.importorskip("pyarrow.parquet")
+    timeline = _timeline()
+    data = capture_session(timeline, [_record(1), _record(3)])
+    written = write_parquet(data, tmp_path / "run")
+    assert [path.name for path in written] == ["run.samples.parquet", "run.cells.parquet"]
+    samples = parquet.read_table(written[0]).to_pydict()
+    assert samples["time_s"] == data.timeline.times
+    assert _same_series(samples["cuda:0/allocated"], data.timeline.values["cuda:0/allocated"])
+    cells = parquet.read_table(written[1]).to_pydict()
+    assert cells["cell"] == [1, 3]
+    assert cells["cuda0_allocated_after_bytes"] == [74 * M + 1, 74 * M + 3]
+
+
+def test_the_loaded_view_draws_every_channel_and_the_history() -> None:
+    data = capture_session(_timeline(), [_record(1)])
+    view = LoadedSession(data, "run.json")
+    page = view._repr_html_()
+    assert page.count("<svg") == 1
+    assert "cuda:0/allocated" in page
+    assert "host/rss" in page
+    assert "cell [1] \u2713" in page  # a mark, as the tooltip of its line
+    assert "x = torch.zeros" in page  # the history table
+    text = repr(view)
+    assert text.startswith("gpumem session from run.json, exported ")
+    assert "  cuda:0/allocated: peak 100.0 MiB" in text
+    assert "  cuda:0/used: never measured" in text
+    empty = LoadedSession(SessionData(data.timeline._replace(times=[], values={}), [], []), "e.json")
+    assert "No samples in this export." in repr(empty)

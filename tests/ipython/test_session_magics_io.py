@@ -1,0 +1,183 @@
+"""``%gpumem summary``, ``%gpumem export`` and ``%gpumem load`` in a real in-process IPython shell:
+the session written and shown again exactly, the allocator annotated, refusals one line each."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from _harness import run_cell_capture
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.session_io import read_session
+from gpumem.ipython import extension as _extension
+from gpumem.testing import MIB, FakeSource
+
+
+class StatsSource(FakeSource):
+    """A fake whose allocator also answers memory_stats(device), from its own counters."""
+
+    def memory_stats(self, device: int) -> dict[str, Any]:
+        reading = self.snapshot().allocator_for(device)
+        assert reading is not None
+        return {
+            "allocated_bytes.all.current": reading.allocated_bytes,
+            "allocated_bytes.all.peak": reading.peak_allocated_bytes,
+            "reserved_bytes.all.current": reading.reserved_bytes,
+            "reserved_bytes.all.peak": reading.peak_reserved_bytes,
+            "num_alloc_retries": reading.num_alloc_retries,
+            "num_ooms": reading.num_ooms,
+        }
+
+
+@pytest.fixture
+def fake() -> StatsSource:
+    return StatsSource(devices=1, segments=True)
+
+
+@pytest.fixture
+def shell(ip: Any, fake: StatsSource) -> Iterator[Any]:
+    set_default_monitor(Monitor(fake))
+    assert ip.run_cell("%load_ext gpumem").success
+    ip.user_ns.update(src=fake, MIB=MIB)
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def _state() -> Any:
+    state = _extension.get_state()
+    assert state is not None
+    return state
+
+
+def _one_line_error(shell: Any, line: str, message: str) -> None:
+    result, cap = run_cell_capture(shell, line)
+    assert isinstance(result.error_in_exec, UsageError), line
+    assert message in cap.stderr + cap.stdout, (line, cap.stderr + cap.stdout)
+    assert "Traceback" not in cap.stderr + cap.stdout
+
+
+def test_export_then_load_shows_the_same_session(shell: Any, tmp_path: Path) -> None:
+    assert run_cell_capture(shell, "%%gpumem\nh = src.allocate(64 * MIB)")[0].success
+    assert run_cell_capture(shell, "%%gpumem -q\ng = src.allocate(32 * MIB)")[0].success
+    timeline = _state().monitor.timeline
+    for step in range(30):  # samples of our own as well, whatever the sampler took
+        timeline.append(
+            timeline.latest()[0] + 0.1 if timeline.latest() else float(step), {"cuda:0/allocated": step * MIB}
+        )
+    target = tmp_path / "run.json"
+    result, cap = run_cell_capture(shell, f"%gpumem export {target}")
+    assert result.success, cap.stderr
+    whole = timeline.window(max_points=10**9)
+    cells = _state().tracker.history
+    marks = len(timeline.marks())
+    assert cap.stdout == f"wrote {len(whole.times):,} points, {marks:,} marks, 2 cells and 0 reports to {target}\n"
+    loaded = read_session(target)
+    assert loaded.cells == list(cells)
+    assert loaded.cells[1].quiet
+    assert loaded.timeline.times == whole.times
+    for name, values in whole.values.items():
+        got = loaded.timeline.values[name]
+        assert all((math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(got, values, strict=True)), name
+    assert loaded.marks == timeline.marks()
+
+    result, cap = run_cell_capture(shell, f"%gpumem load {target}")
+    assert result.success, cap.stderr
+    (output,) = cap.outputs
+    assert "<svg" in output.data["text/html"]
+    assert "h = src.allocate(64 * MIB)" in output.data["text/html"]
+    assert output.data["text/plain"].startswith(f"gpumem session from {target}, exported ")
+    assert len(_state().tracker.history) == 2  # loading changed nothing here
+
+    result, cap = run_cell_capture(shell, f"%gpumem export {target}")
+    assert cap.stdout.startswith(f"replaced {target} with ")
+
+
+def test_export_with_parquet(shell: Any, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    assert run_cell_capture(shell, "%%gpumem\nh = src.allocate(64 * MIB)")[0].success
+    result, cap = run_cell_capture(shell, f"%gpumem export {tmp_path / 'run.json'} --parquet")
+    assert result.success, cap.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run.cells.parquet", "run.json", "run.samples.parquet"]
+
+
+def test_export_and_load_refusals(shell: Any, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    _one_line_error(shell, f"%gpumem export {notes}", "exists and is not a gpumem export; it was left as it was")
+    assert notes.read_text() == '{"mine": 1}'
+    _one_line_error(shell, f"%gpumem load {notes}", "not a gpumem export (no 'gpumem_session' key)")
+    _one_line_error(shell, f"%gpumem load {tmp_path / 'missing.json'}", "No such file or directory")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    _one_line_error(shell, f"%gpumem load {tmp_path / 'binary.json'}", "not a gpumem export (not UTF-8 text)")
+    _one_line_error(shell, f"%gpumem export {tmp_path / 'no' / 'dir.json'}", "cannot write")
+
+
+def test_summary_shows_the_allocator_and_dumps_json(shell: Any, fake: StatsSource, tmp_path: Path) -> None:
+    shell.user_ns["h"] = fake.allocate(64 * MIB)
+    target = tmp_path / "stats.json"
+    result, cap = run_cell_capture(shell, f"%gpumem summary --json {target}")
+    assert result.success, cap.stderr
+    text = cap.outputs[0].data["text/plain"]
+    assert text.splitlines()[0] == "gpumem summary of cuda:0 (PyTorch's caching allocator)"
+    assert "\n  allocated             64.0 MiB  64.0 MiB  in tensors now" in text
+    assert text.splitlines()[-1] == "This PyTorch does not count: device mallocs, device frees."
+    assert "largest free block" in text  # from the fake's segments
+    assert cap.stdout == f"wrote the memory statistics to {target}\n"
+    assert json.loads(target.read_text())["devices"]["0"] == fake.memory_stats(0)
+
+
+def test_summary_of_a_device_that_does_not_exist_is_refused(shell: Any) -> None:
+    _one_line_error(shell, "%gpumem summary -d 3", "--device cuda:3: no such device")
+
+
+def test_summary_with_real_torch_without_cuda(ip: Any) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch has a CUDA device")
+    set_default_monitor(Monitor())
+    assert ip.run_cell("%load_ext gpumem").success
+    try:
+        result, cap = run_cell_capture(ip, "import torch\n%gpumem summary")
+        assert result.success, cap.stderr
+        assert cap.stdout == (
+            "gpumem summary: CUDA is not initialized in this process (this PyTorch build has no CUDA support); "
+            "nothing to summarize.\n"
+        )
+        assert not torch.cuda.is_initialized()
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def test_help_lists_the_new_subcommands(shell: Any) -> None:
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        shell.run_cell("%gpumem?")
+    for text in ("%gpumem summary", "%gpumem export", "%gpumem load", "--parquet", "--profile"):
+        assert text in cap.stdout, text
+
+
+def test_a_profile_shown_under_a_cell_is_exported_and_shown_again(shell: Any, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    result, cap = run_cell_capture(shell, "%%gpumem --profile\nm = torch.ones(1000, 1000)")  # cell [1]
+    assert result.success, cap.stderr
+    shown = next(o.data["text/plain"] for o in cap.outputs if o.data["text/plain"].startswith("gpumem profile"))
+    target = tmp_path / "run.json"
+    assert run_cell_capture(shell, f"%gpumem export {target}")[0].success
+    (report,) = read_session(target).reports
+    assert (report.kind, report.cell, report.text) == ("profile", 1, shown)
+    result, cap = run_cell_capture(shell, f"%gpumem load {target}")
+    assert result.success
+    assert "--profile report of cell [1]" in cap.outputs[0].data["text/html"]
+    assert cap.outputs[0].data["text/plain"].endswith(f"--profile report of cell [1]\n{shown}")
