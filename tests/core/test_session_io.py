@@ -166,7 +166,8 @@ def test_parquet_holds_the_same_samples_and_cells(tmp_path: Path) -> None:
     assert samples["time_s"] == data.timeline.times
     assert _same_series(samples["cuda:0/allocated"], data.timeline.values["cuda:0/allocated"])
     cells = parquet.read_table(written[1]).to_pydict()
-    assert cells["cell"] == [1, 3]
+    assert cells["cell"] == [2, 4]  # the execution counts, as everywhere
+    assert cells["serial"] == [1, 3]
     assert cells["cuda0_allocated_after_bytes"] == [74 * M + 1, 74 * M + 3]
 
 

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from gpumem.core.cells.history import history_rows, record_to_dict
-from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
+from gpumem.core.cells.record import (
+    CellRecord,
+    CellWarning,
+    DeviceChange,
+    HostChange,
+    KindChange,
+    VariableChange,
+)
 from gpumem.core.files import replace_file
 from gpumem.core.timeline import Mark, Series, Timeline
 
@@ -240,6 +247,10 @@ def _fields(cls: Any, item: Mapping[str, Any]) -> dict[str, Any]:
 def record_from_dict(item: Mapping[str, Any]) -> CellRecord:
     """The :class:`CellRecord` that :func:`record_to_dict` (plus ``quiet``) described."""
     fields = _fields(CellRecord, item)
+    if "cell" in item:  # the export names the execution count "cell", as the history table does
+        fields["execution_count"] = item["cell"]
+    fields["kinds"] = tuple(KindChange(**_fields(KindChange, k)) for k in item.get("kinds", ()))
+    fields["notes"] = tuple(item.get("notes", ()))
     fields["devices"] = tuple(DeviceChange(**_fields(DeviceChange, d)) for d in item["devices"])
     host = item.get("host")
     fields["host"] = None if host is None else HostChange(**_fields(HostChange, host))
