@@ -7,6 +7,7 @@ themselves instead; ``make soak`` sets the variable and runs them.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +15,9 @@ SOAK = os.environ.get("GPUMEM_SOAK") == "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = os.path.dirname(__file__)
+    here = Path(__file__).parent
     for item in items:
-        if str(item.path).startswith(here):
+        if here in item.path.parents:
             item.add_marker(pytest.mark.reliability)
 
 

@@ -116,7 +116,13 @@ def simulate_day(monkeypatch: pytest.MonkeyPatch, seed: int = 7) -> dict[str, An
     tracemalloc.stop()
     held["timeline_after_24h"] = monitor.timeline.nbytes()
     assert len(seen) == SPIKES
-    return {"samples": samples, "spikes": len(seen), "view_checks": checks, "seconds": time.monotonic() - started, **held}
+    return {
+        "samples": samples,
+        "spikes": len(seen),
+        "view_checks": checks,
+        "seconds": time.monotonic() - started,
+        **held,
+    }
 
 
 @pytest.mark.soak

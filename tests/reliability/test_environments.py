@@ -32,9 +32,11 @@ _COMMANDS = [
     ("python api", "import gpumem; print(type(gpumem.free()).__name__, len(gpumem.history()))"),
     (
         "sockets",
-        "import psutil; p = psutil.Process(); conns = p.net_connections(kind='inet') "
-        "if hasattr(p, 'net_connections') else p.connections(kind='inet'); "
-        "print('listening', [c.laddr for c in conns if c.status == psutil.CONN_LISTEN])",
+        (
+            "import psutil; p = psutil.Process(); conns = p.net_connections(kind='inet') "
+            "if hasattr(p, 'net_connections') else p.connections(kind='inet'); "
+            "print('listening', [c.laddr for c in conns if c.status == psutil.CONN_LISTEN])"
+        ),
     ),
     ("unload", "%unload_ext gpumem"),
     ("threads", "import threading; print('threads', [t.name for t in threading.enumerate() if 'gpumem' in t.name])"),
@@ -55,16 +57,25 @@ def run_terminal_ipython(env_extra: dict[str, str], prelude: str, tmp_path: os.P
     env = dict(os.environ, **env_extra)
     env["PYTHONPATH"] = os.pathsep.join([str(SRC_DIR), env.get("PYTHONPATH", "")])
     env["IPYTHONDIR"] = str(tmp_path)
-    launcher = prelude + "from IPython import start_ipython; start_ipython(argv=['--simple-prompt', '--no-banner', '--colors=nocolor'])"
+    launcher = (
+        prelude
+        + "from IPython import start_ipython\n"
+        + "start_ipython(argv=['--simple-prompt', '--no-banner', '--colors=nocolor'])"
+    )
     done = subprocess.run(
-        [sys.executable, "-c", launcher], input=script, capture_output=True, text=True, env=env, timeout=180, check=False
+        [sys.executable, "-c", launcher],
+        input=script,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     sections: dict[str, str] = {}
     name = ""
-    for line in (done.stdout + "\n" + done.stderr).splitlines():
-        if line.strip().startswith("In [") and "@@ " not in line:
-            line = line.split(":", 1)[-1]
+    for raw in (done.stdout + "\n" + done.stderr).splitlines():
+        line = raw.split(":", 1)[-1] if raw.strip().startswith("In [") and "@@ " not in raw else raw
         if "@@ " in line:
             name = line.split("@@ ", 1)[1].strip()
             sections[name] = ""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from typing_extensions import Self
 
 from _harness import run_cell_capture
 from gpumem.core.cells.history import history_rows
@@ -44,13 +45,15 @@ class Freers:
                 result = self._free(deep=True)
                 assert result.deep and result.elapsed_s >= 0
                 for device in result.devices:
-                    assert device.allocated_reclaimed_bytes == device.allocated_before_bytes - device.allocated_after_bytes
-            except BaseException as error:  # noqa: BLE001 - any failure in a freeing thread is the finding
+                    assert (
+                        device.allocated_reclaimed_bytes == device.allocated_before_bytes - device.allocated_after_bytes
+                    )
+            except BaseException as error:
                 self.errors.append(error)
                 return
             self.calls[index] += 1
 
-    def __enter__(self) -> Freers:
+    def __enter__(self) -> Self:
         for thread in self.threads:
             thread.start()
         return self

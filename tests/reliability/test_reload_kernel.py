@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 import pytest
+from kernels import Kernel, running_kernel
 
 from _harness import JupyterEnv
-from kernels import Kernel, running_kernel
 
 pytestmark = pytest.mark.kernel
 
@@ -109,7 +109,9 @@ def test_every_cell_is_recorded_with_its_status_a_real_interrupt_included(jupyte
         statuses.append("interrupted")
         ok(kernel, "z = 2")
         statuses.append("ok")
-        text = ok(kernel, "import json, gpumem\nprint(json.dumps(gpumem.history()[['status', 'error']].values.tolist()))")
+        text = ok(
+            kernel, "import json, gpumem\nprint(json.dumps(gpumem.history()[['status', 'error']].values.tolist()))"
+        )
         history = json.loads(text.strip().splitlines()[-1])
     # The cell that switched automatic mode on is not measured; the history cell itself is still running.
     assert [status for status, _ in history] == statuses, history
