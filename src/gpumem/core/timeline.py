@@ -14,6 +14,8 @@ level has already lost goes missing.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import numbers
 import threading
@@ -465,16 +467,35 @@ def decimate_min_max(times: Sequence[float], values: Mapping[str, Sequence[float
     buckets = max_points // 2
     out_times: list[float] = []
     out_values: dict[str, list[float]] = {name: [] for name in values}
-    for b in range(buckets):
-        lo = b * count // buckets
-        hi = (b + 1) * count // buckets
-        if hi <= lo:
+    edges = _bucket_edges(times, buckets)
+    for lo, hi in itertools.pairwise(edges):
+        if hi - lo <= _MIN_POINTS // 2:  # no more than its two extremes: the points as they are, at their times
+            out_times.extend(times[lo:hi])
+            for name, series in values.items():
+                out_values[name].extend(series[lo:hi])
             continue
         mid = lo + (hi - lo) // 2
         out_times.extend((times[lo], times[mid]))
         for name, series in values.items():
             out_values[name].extend(_extremes(series[lo:hi]))
     return Series(out_times, out_values)
+
+
+def _bucket_edges(times: Sequence[float], buckets: int) -> list[int]:
+    """Indices splitting ``times`` into ``buckets`` equal stretches of time, not of sample count.
+
+    A window mixes raw samples with coarse buckets: split by count, a handful of 30 s buckets would
+    share one chunk with thousands of samples and their extremes be drawn minutes from where they were.
+    """
+    count, first, last = len(times), times[0], times[-1]
+    width = (last - first) / buckets
+    if not (width > 0 and math.isfinite(width)):
+        return [b * count // buckets for b in range(buckets + 1)]
+    edges = [0]
+    for b in range(1, buckets):
+        edges.append(max(edges[-1], bisect.bisect_left(times, first + b * width, lo=edges[-1])))
+    edges.append(count)
+    return edges
 
 
 def _extremes(chunk: Sequence[float]) -> tuple[float, float]:
