@@ -3,6 +3,7 @@
 #
 #   make test   lint, type-check and run the whole test suite (CUDA tests skip without a GPU)
 #   make demo   start JupyterLab on 127.0.0.1 with notebooks/demo.ipynb
+#   make soak   the long reliability tests (1,000 cells under free(), a simulated 24 h session); minutes
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -25,7 +26,7 @@ INSTALLED := $(VENV)/.gpumem-installed
 # This machine's pip configuration names partial local indexes; pip warns for each missing project.
 PIP_NOISE := is ignored: it is neither a file nor a directory
 
-.PHONY: test demo install chromium lint typecheck pytest clean
+.PHONY: test demo soak install chromium lint typecheck pytest clean
 
 test: install chromium lint typecheck pytest
 
@@ -66,6 +67,12 @@ pytest: install
 	@mkdir -p $(ARTIFACTS)
 	GPUMEM_TEST_ARTIFACTS=$(abspath $(ARTIFACTS)) $(PY) -m pytest \
 	  --junitxml=$(ARTIFACTS)/junit.xml $(PYTEST_ARGS)
+
+# The soak tests skip themselves unless GPUMEM_SOAK=1 (a marker in addopts would override a user's -m).
+soak: install
+	@mkdir -p $(ARTIFACTS)
+	GPUMEM_SOAK=1 GPUMEM_TEST_ARTIFACTS=$(abspath $(ARTIFACTS)) $(PY) -m pytest -m soak -s \
+	  --junitxml=$(ARTIFACTS)/soak-junit.xml tests/reliability $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(ARTIFACTS) .pytest_cache .mypy_cache .ruff_cache build dist

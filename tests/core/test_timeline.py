@@ -1,3 +1,4 @@
+import bisect
 import math
 import os
 import random
@@ -276,9 +277,13 @@ def _reference_decimation(times, values, max_points):
     if len(times) <= max_points:
         return list(times), [list(row) for row in values]
     buckets = max_points // 2
+    width = (times[-1] - times[0]) / buckets  # buckets are equal stretches of time; empty ones are dropped
+    if width > 0:
+        starts = sorted({bisect.bisect_left(times, times[0] + b * width) for b in range(buckets)})
+    else:
+        starts = [b * len(times) // buckets for b in range(buckets)]
     out_times, out_rows = [], [[] for _ in values]
-    for b in range(buckets):
-        lo, hi = b * len(times) // buckets, (b + 1) * len(times) // buckets
+    for lo, hi in zip(starts, [*starts[1:], len(times)], strict=True):
         out_times += [times[lo], times[lo + (hi - lo) // 2]]
         for row, out in zip(values, out_rows, strict=True):
             chunk = [(v, i) for i, v in enumerate(row[lo:hi]) if not math.isnan(v)]

@@ -80,7 +80,7 @@ class Monitor:
             self._users.clear()
             self._started_explicitly = False
         self.sampler.stop()
-        self.thresholds.close()
+        self.thresholds.stop()
         if self._recorder is not None:
             self._recorder.close()
 
@@ -99,7 +99,7 @@ class Monitor:
             last = not self._users and not self._started_explicitly
         if last:
             self.sampler.stop()
-            self.thresholds.close()
+            self.thresholds.stop()
 
     @property
     def users(self) -> frozenset[Hashable]:

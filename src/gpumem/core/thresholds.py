@@ -192,15 +192,14 @@ class Thresholds:
             except Exception as error:
                 self.errors.append(f"threshold callback {callback!r} failed: {type(error).__name__}: {error}")
 
-    def close(self, timeout_s: float = 2.0) -> None:
-        """End the callback thread once what is queued has run (the sampler stopped: nothing more can come)."""
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Run what is queued, then end the callback thread (the sampler stopped: nothing more will come)."""
         with self._lock:
             worker, self._worker = self._worker, None
-        if worker is None or not worker.is_alive():
-            return
-        self._queue.put(None)
-        if worker is not threading.current_thread():
-            worker.join(timeout_s)
+        if worker is not None and worker.is_alive():
+            self._queue.put(None)
+            if worker is not threading.current_thread():
+                worker.join(timeout_s)
 
     def drain(self, timeout_s: float = 5.0) -> None:
         """Wait until every queued callback has run (tests, and before a script exits)."""

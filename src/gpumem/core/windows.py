@@ -56,14 +56,6 @@ class Scratch:
             found[:] = np.arange(found.size)
         return found[:count]
 
-    def bucket_of(self, count: int, buckets: int) -> _Ints:
-        """For each of ``count`` samples, its bucket: the last ``b`` with ``b * count // buckets <= i``."""
-        numbers = self.ints("bucket_of", (count,))
-        np.multiply(self.positions(count), buckets, out=numbers)
-        numbers += buckets - 1  # b * count < (i + 1) * buckets, so b = ((i + 1) * buckets - 1) // count
-        numbers //= count
-        return numbers
-
     def nbytes(self) -> int:
         return sum(found.nbytes for found in self._arrays.values())
 
@@ -179,6 +171,20 @@ class Points:
         return times, values
 
 
+def _bucket_starts(times: Floats, buckets: int) -> Any:
+    """First indices of ``buckets`` equal stretches of time (empty ones dropped), not of sample count.
+
+    A window mixes raw samples with coarse buckets: split by count, a handful of 30 s buckets would share
+    one chunk with thousands of samples, and their extremes be drawn minutes from where they were.
+    """
+    count = times.size
+    width = (times[-1] - times[0]) / buckets
+    if not (width > 0 and math.isfinite(width)):
+        return np.arange(buckets, dtype=np.int64) * count // buckets
+    edges = np.searchsorted(times, times[0] + np.arange(buckets) * width, side="left")
+    return np.unique(edges)
+
+
 def decimate(times: Floats, values: Floats, max_points: int, scratch: Scratch | None = None) -> tuple[Floats, Floats]:
     """At most ``max_points`` per row, in new arrays: per bucket of consecutive samples, its two extremes.
 
@@ -190,8 +196,8 @@ def decimate(times: Floats, values: Floats, max_points: int, scratch: Scratch | 
     if count <= max_points:
         return times.copy(), values.copy()
     scratch = Scratch(keep_bytes=0) if scratch is None else scratch
-    buckets = max_points // 2
-    starts = np.arange(buckets, dtype=np.int64) * count // buckets  # count > 2 * buckets: none empty
+    starts = _bucket_starts(times, max_points // 2)
+    buckets = starts.size
     sizes = np.diff(starts, append=count)
     out_times = np.empty(2 * buckets)
     out_times[0::2] = times[starts]
@@ -204,7 +210,7 @@ def decimate(times: Floats, values: Floats, max_points: int, scratch: Scratch | 
         low = np.fmin.reduceat(values, starts, axis=1)
         high = np.fmax.reduceat(values, starts, axis=1)
     # Where in each bucket its first lowest and its last highest value are.
-    positions, bucket_of = scratch.positions(count), scratch.bucket_of(count, buckets)
+    positions, bucket_of = scratch.positions(count), np.repeat(np.arange(buckets), sizes)
     extreme, at = scratch.floats("extreme", shape), scratch.ints("at", shape)
     found = []
     for per_bucket, missing, reduce in ((low, count, np.minimum), (high, -1, np.maximum)):
