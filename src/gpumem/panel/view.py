@@ -32,6 +32,7 @@ _STYLE = """<style>
 .gpumem-panel{border:1px solid var(--jp-border-color2,#e0e0e0);border-radius:6px;padding:8px 10px 4px;min-width:0;
  background:var(--jp-layout-color1,#fff);color:var(--jp-ui-font-color1,#1f2937);
  font-family:var(--jp-ui-font-family,system-ui,-apple-system,'Segoe UI',sans-serif);box-sizing:border-box}
+.gpumem-panel>*{margin-left:0!important;margin-right:0!important;max-width:100%}
 .gpumem-panel .gm-title{font-weight:600;font-size:13px;margin:0 0 4px}
 .gpumem-panel .gm-cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(112px,1fr));gap:6px;margin-top:6px}
 .gpumem-panel .gm-card{min-width:0;padding:3px 6px 4px;border-radius:4px;
