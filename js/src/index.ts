@@ -13,7 +13,7 @@ import { Widget } from '@lumino/widgets';
 import { hostFor, Hosts, IHost } from './hosts';
 import { SIDEBAR_MIME } from './protocol';
 import { sidebarRendererFactory } from './renderer';
-import { gpumemIcon, SidebarController } from './sidebar';
+import { gpumemIcon, SidebarController, wasDocked } from './sidebar';
 import { StatusConnection, StatusItem } from './status';
 
 /** Lower than ipywidgets' widget-view renderer (-10): ours is preferred. */
@@ -68,7 +68,17 @@ function activate(
     ensureFactory(host);
     const connection = new StatusConnection(host);
     connections.set(widget, connection);
-    connection.changed.connect(() => refresh());
+    // After a page reload: dock the panel again once the kernel's status comm is back, when this
+    // notebook's panel was docked before (asked once per connection).
+    let restoreAsked = false;
+    connection.changed.connect(() => {
+      refresh();
+      if (!connection.isConnected) {
+        restoreAsked = false;
+      } else if (!restoreAsked && wasDocked(host) && !sidebar.hasLivePanel(host)) {
+        restoreAsked = connection.requestSidebar();
+      }
+    });
     connection.sidebarAnswered.connect((_, answer) => {
       if (answer.modelId) {
         sidebar.dock(host, answer.modelId);

@@ -13,6 +13,34 @@ import { WIDGET_VIEW_MIME } from './protocol';
 
 export const SIDEBAR_ID = 'gpumem-sidebar';
 
+/** Where a page remembers which notebooks had their panel docked, so a reload can dock it again. */
+const DOCKED_KEY_PREFIX = 'gpumem:docked:';
+
+function dockedKey(host: IHost): string {
+  return DOCKED_KEY_PREFIX + host.sessionContext.path;
+}
+
+/** Whether `host`'s panel was docked when this page (or an earlier load of it) last saw it. */
+export function wasDocked(host: IHost): boolean {
+  try {
+    return window.localStorage.getItem(dockedKey(host)) === '1';
+  } catch {
+    return false;
+  }
+}
+
+function rememberDocked(host: IHost, docked: boolean): void {
+  try {
+    if (docked) {
+      window.localStorage.setItem(dockedKey(host), '1');
+    } else {
+      window.localStorage.removeItem(dockedKey(host));
+    }
+  } catch {
+    // Storage refused (private mode, quota): nothing to restore after a reload then.
+  }
+}
+
 const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 16 16">
   <g class="jp-icon3" fill="#616161">
     <path d="M4 3h8a1 1 0 0 1 1 1v8a1 1 0 0 1-1 1H4a1 1 0 0 1-1-1V4a1 1 0 0 1 1-1zm.5 1.5v7h7v-7h-7z"/>
@@ -36,7 +64,7 @@ const IDLE_MESSAGE =
  * message line and the rendered panel.
  */
 class SidebarView extends Panel {
-  constructor(onCloseClicked: () => void) {
+  constructor(private _onCloseClicked: () => void) {
     super();
     this.id = SIDEBAR_ID;
     this.addClass('gpumem-Sidebar');
@@ -55,7 +83,7 @@ class SidebarView extends Panel {
     close.title = 'Close the GPU memory sidebar';
     close.setAttribute('aria-label', 'Close the GPU memory sidebar');
     close.textContent = '×';
-    close.addEventListener('click', () => onCloseClicked());
+    close.addEventListener('click', () => this._onCloseClicked());
     header.node.append(this._heading, close);
     this.addWidget(header);
 
@@ -91,6 +119,8 @@ class SidebarView extends Panel {
 
   protected onCloseRequest(msg: Message): void {
     super.onCloseRequest(msg);
+    // Closed by the person (the tab's ×): forget the docked state too.
+    this._onCloseClicked();
     this.dispose();
   }
 
@@ -132,6 +162,7 @@ export class SidebarController {
     this._watch(host);
     this._modelId = modelId;
     this._message = null;
+    rememberDocked(host, true);
     this._render();
     if (reveal) {
       this.show();
@@ -173,6 +204,9 @@ export class SidebarController {
 
   /** Remove the sidebar from the shell; the docked panel can be shown again. */
   close(): void {
+    if (this._host && this._view && !this._view.isDisposed) {
+      rememberDocked(this._host, false);
+    }
     this._view?.dispose();
     this._view = null;
   }
@@ -267,15 +301,15 @@ export class SidebarController {
     const name = this._name ?? 'the notebook';
     if (status === 'restarting' || status === 'autorestarting') {
       this._stale(
-        `The kernel of ${name} restarted; run %gpumem sidebar again to reconnect.`
+        `The kernel of ${name} restarted; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
       );
     } else if (status === 'dead') {
       this._stale(
-        `The kernel of ${name} died; run %gpumem sidebar again in a new kernel to reconnect.`
+        `The kernel of ${name} died; run %load_ext gpumem, then %gpumem sidebar in a new kernel to reconnect.`
       );
     } else if (status === 'terminating') {
       this._stale(
-        `The kernel of ${name} was shut down; run %gpumem sidebar again to reconnect.`
+        `The kernel of ${name} was shut down; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
       );
     }
   }
@@ -295,8 +329,8 @@ export class SidebarController {
     this._kernel = args.newValue;
     this._stale(
       args.newValue
-        ? `The kernel of ${name} changed; run %gpumem sidebar again to reconnect.`
-        : `The kernel of ${name} was shut down; run %gpumem sidebar again to reconnect.`
+        ? `The kernel of ${name} changed; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
+        : `The kernel of ${name} was shut down; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
     );
   }
 

@@ -617,7 +617,9 @@ def test_lab_sidebar_lifecycle(
 
     # Restart: a clear message instead of a dead widget, and the status item goes away.
     restart_kernel(page)
-    wait_sidebar_text(page, "The kernel of train.ipynb restarted; run %gpumem sidebar again to reconnect")
+    wait_sidebar_text(
+        page, "The kernel of train.ipynb restarted; run %load_ext gpumem, then %gpumem sidebar to reconnect"
+    )
     assert sidebar(page).locator(".widget-label").count() == 0
     page.locator(STATUS_ITEM).wait_for(state="hidden")
     save_screenshot(page, f"{request.node.name}.restarted")
@@ -710,11 +712,44 @@ def test_lab_magic_sidebar_and_reload(
     wait_for_kernel_idle(page)
     page.locator(".gpumem-SidebarNote").first.wait_for(state="visible")
     assert "earlier run" in page.locator(".gpumem-SidebarNote").first.inner_text()
-    wait_status_text(page, re.compile(r"RAM|GPU"))
-    page.locator(STATUS_ITEM).click()
-    sidebar(page).locator(".gpumem-panel").wait_for(state="visible")
+    # It was docked before the reload: it comes back by itself once the status comm reconnects.
+    sidebar(page).locator(".gpumem-panel").wait_for(state="visible", timeout=30_000)
     wait_sidebar_text(page, "GPU memory · magic.ipynb")
     save_screenshot(page, f"{request.node.name}.reloaded")
+    _narrow_sidebar_fits(page)
+
+
+_FITS_JS = """() => {
+    const root = document.scrollingElement;
+    const panel = document.querySelector('#gpumem-sidebar .gpumem-panel');
+    const labels = [...panel.querySelectorAll('svg text')].filter(t => t.closest('.mark') && t.textContent)
+        .map(t => t.getBoundingClientRect());
+    const overlaps = labels.some((a, i) => labels.slice(i + 1).some(b =>
+        a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom));
+    const msg = panel.querySelector('.gm-msg').getBoundingClientRect();
+    return {root: root.scrollWidth - root.clientWidth, panel: panel.scrollWidth - panel.clientWidth,
+            overlaps, msgBottom: msg.bottom, viewport: window.innerHeight};
+}"""
+
+
+def _narrow_sidebar_fits(page: Page) -> None:
+    """At 280 px: no sideways scroll, marker labels apart, Free's result under the buttons in view."""
+    page.evaluate(
+        "() => { document.querySelector('#gpumem-sidebar').style.width = '280px';"
+        " window.dispatchEvent(new Event('resize')); }"
+    )
+    for _ in range(4):
+        run_cell(page, "%%gpumem\nx = 1")
+    page.locator("#gpumem-sidebar .gpumem-panel button", has_text="Free").first.click()
+    deadline = time.monotonic() + 30
+    while "Freed" not in sidebar(page).locator(".gm-msg").inner_text():
+        assert time.monotonic() < deadline, "Free's result did not appear"
+        time.sleep(0.25)
+    fits = page.evaluate(_FITS_JS)
+    assert fits["root"] <= 0 and fits["panel"] <= 0, fits
+    assert not fits["overlaps"], fits
+    assert fits["msgBottom"] <= fits["viewport"], fits
+    save_screenshot(page, "sidebar_docked_280px")
 
 
 @browser

@@ -26,6 +26,7 @@ __all__ = [
     "build_curve_frame",
     "choose_curves",
     "curve_interval_s",
+    "label_spaced_marks",
     "nice_axis",
     "render_legend",
     "with_span_mark",
@@ -35,6 +36,9 @@ __all__ = [
 NOMINAL_PLOT_WIDTH_PX = 1000
 # Marker labels beyond this many in the window are dropped, oldest first, to keep them readable.
 MAX_CELL_MARKS = 40
+# Room between two cell-marker labels, and the width of one character of their 11 px font (a bound).
+MARK_LABEL_GAP_PX = 6
+MARK_LABEL_CHAR_PX = 7.0
 # Bytes added to each pushed message on top of its arrays (JSON state and the Jupyter message header).
 MESSAGE_OVERHEAD_BYTES = 900
 # The window "all" is pushed at most this often; with no fixed span there is no scroll speed to follow.
@@ -144,11 +148,13 @@ def build_curve_frame(
     now_s: float,
     wall_offset_s: float,
     capacities: Mapping[int, int],
+    host_total_bytes: int | None = None,
 ) -> CurveFrame:
     """Read the window from the timeline, min/max-decimated to ``options.points_per_line``.
 
     ``wall_offset_s`` turns monotonic seconds into wall-clock seconds (for a time-of-day axis);
-    ``capacities`` maps device index to total bytes.
+    ``capacities`` maps device index to total bytes; ``host_total_bytes`` is the machine's RAM, the
+    full scale when only the host is plotted.
     """
     curves = choose_curves(timeline.channels, options.device, options.show_host)
     start = -math.inf if options.window_s is None else now_s - options.window_s
@@ -161,6 +167,8 @@ def build_curve_frame(
     top = data_max * 1.08
     if caps and (options.full_scale or max(caps) <= data_max * 1.6):
         top = max(top, max(caps) * 1.02)
+    elif options.full_scale and not shown_devices and host_total_bytes and any(c.channel == "host/rss" for c in curves):
+        top = max(top, host_total_bytes * 1.02)
     unit, unit_bytes = _unit_for(max(top, data_max))
     y_max, y_ticks = nice_axis(top / unit_bytes)
     x_min = _x_min(options.window_s, times, now_s)
@@ -193,6 +201,28 @@ def with_span_mark(frame: CurveFrame, time_s: float | None, label: str, wall_off
     at = int(np.searchsorted(frame.mark_x_ms, x_ms))
     labels = (*frame.mark_labels[:at], label, *frame.mark_labels[at:])
     return frame._replace(mark_x_ms=np.insert(frame.mark_x_ms, at, x_ms), mark_labels=labels)
+
+
+def label_spaced_marks(frame: CurveFrame, plot_width_px: float) -> CurveFrame:
+    """``frame`` with the labels of marks too close to a newer labelled one blanked ("" is drawn as nothing).
+
+    Every mark keeps its line. A label ends just left of its line, so the newest is kept and an older
+    one only where it ends left of the kept label's start, at ``plot_width_px`` (a lower bound of the
+    real width: wider plots only spread them further).
+    """
+    span_ms = frame.x_max_ms - frame.x_min_ms
+    if not frame.mark_labels or span_ms <= 0:
+        return frame
+    positions = (frame.mark_x_ms - frame.x_min_ms) / span_ms * plot_width_px
+    labels = list(frame.mark_labels)
+    next_start = math.inf  # where the newest kept label begins (px)
+    for index in range(len(labels) - 1, -1, -1):
+        width = len(labels[index]) * MARK_LABEL_CHAR_PX
+        if positions[index] + MARK_LABEL_GAP_PX <= next_start and positions[index] - width >= 0:
+            next_start = positions[index] - width
+        else:
+            labels[index] = ""
+    return frame._replace(mark_labels=tuple(labels))
 
 
 def _read_window(

@@ -324,5 +324,5 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
         rows.append(f'<tr class="{"gm-row-alert" if alert else ""}">{"".join(cells)}</tr>')
     return (
         f'<div class="gm-title">{len(devices)} CUDA devices · threshold {100 * threshold:.0f} %</div>'
-        f'<table class="gm-table"><tr>{head}</tr>{"".join(rows)}</table>'
+        f'<div class="gm-scroll"><table class="gm-table"><tr>{head}</tr>{"".join(rows)}</table></div>'
     )

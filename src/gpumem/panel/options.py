@@ -13,11 +13,13 @@ from typing import NamedTuple
 from gpumem.core.devices import parse_cuda_device
 
 __all__ = [
+    "COMPACT_PLOT_WIDTH_PX",
     "DEFAULT_BUDGET_BYTES_PER_S",
     "DEFAULT_POINTS_PER_LINE",
     "DEFAULT_RATE_HZ",
     "DEFAULT_THRESHOLD",
     "DEFAULT_WINDOW_S",
+    "INLINE_PLOT_WIDTH_PX",
     "MAX_POINTS_PER_LINE",
     "MAX_RATE_HZ",
     "MIN_POINTS_PER_LINE",
@@ -51,6 +53,10 @@ MIN_POINTS_PER_LINE = 4
 MAX_POINTS_PER_LINE = 2000
 # Curve data budget; with the header (sent only when its text changes) the panel stays under 50 KB/s.
 DEFAULT_BUDGET_BYTES_PER_S = 36_000
+# The narrowest plot width a panel is laid out for (inline: a narrow notebook; compact: a 250 px sidebar).
+# Cell-marker labels are spaced for it, so they cannot overlap on any wider plot.
+INLINE_PLOT_WIDTH_PX = 480
+COMPACT_PLOT_WIDTH_PX = 170
 
 
 class PanelOptions(NamedTuple):
@@ -61,9 +67,10 @@ class PanelOptions(NamedTuple):
     threshold: float = DEFAULT_THRESHOLD  # fraction of capacity at which the header turns red
     rate_hz: float = DEFAULT_RATE_HZ
     show_host: bool = False
-    full_scale: bool = False  # y axis up to the device capacity
+    full_scale: bool = False  # y axis up to the device capacity (the host's RAM when only the host is plotted)
     points_per_line: int = DEFAULT_POINTS_PER_LINE
     budget_bytes_per_s: int = DEFAULT_BUDGET_BYTES_PER_S
+    plot_width_px: int = INLINE_PLOT_WIDTH_PX  # the narrowest width the plot is drawn at
 
 
 def make_options(

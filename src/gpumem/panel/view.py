@@ -29,17 +29,19 @@ ALL_DEVICES = -1
 _SECONDS_TICKS_UP_TO_MS = 15 * 60_000
 
 _STYLE = """<style>
-.gpumem-panel{border:1px solid var(--jp-border-color2,#e0e0e0);border-radius:6px;padding:8px 10px 4px;
+.gpumem-panel{border:1px solid var(--jp-border-color2,#e0e0e0);border-radius:6px;padding:8px 10px 4px;min-width:0;
  background:var(--jp-layout-color1,#fff);color:var(--jp-ui-font-color1,#1f2937);
  font-family:var(--jp-ui-font-family,system-ui,-apple-system,'Segoe UI',sans-serif);box-sizing:border-box}
+.gpumem-panel>*{margin-left:0!important;margin-right:0!important;max-width:100%}
 .gpumem-panel .gm-title{font-weight:600;font-size:13px;margin:0 0 4px}
-.gpumem-panel .gm-cards{display:flex;flex-wrap:wrap;gap:6px;margin-top:6px}
-.gpumem-panel .gm-card{flex:1 1 86px;min-width:78px;padding:3px 7px 4px;border-radius:4px;
+.gpumem-panel .gm-cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(112px,1fr));gap:6px;margin-top:6px}
+.gpumem-panel .gm-card{min-width:0;padding:3px 6px 4px;border-radius:4px;
  background:var(--jp-layout-color2,#f3f4f6);border-left:3px solid var(--jp-border-color2,#d1d5db)}
 .gpumem-panel .gm-c-a{border-left-color:#2563eb}.gpumem-panel .gm-c-r{border-left-color:#7fb0f5}
 .gpumem-panel .gm-c-u{border-left-color:#6b7280}
 .gpumem-panel .gm-c-alert{border-left-color:#dc2626;background:rgba(220,38,38,.12);color:#b91c1c}
-.gpumem-panel .gm-label{font-size:11px;color:var(--jp-ui-font-color2,#6b7280)}
+.gpumem-panel .gm-label{font-size:11px;color:var(--jp-ui-font-color2,#6b7280);white-space:nowrap;overflow:hidden;
+ text-overflow:ellipsis}
 .gpumem-panel .gm-c-alert .gm-label,.gpumem-panel .gm-c-alert .gm-sub{color:#b91c1c}
 body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert,
 body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert .gm-label,
@@ -47,7 +49,7 @@ body[data-jp-theme-light="false"] .gpumem-panel .gm-c-alert .gm-sub,
 body[data-jp-theme-light="false"] .gpumem-panel .gm-row-alert td,
 body[data-jp-theme-light="false"] .gpumem-panel .gm-err{color:#f87171}
 .gpumem-panel .gm-value{font-size:15px;font-weight:600;white-space:nowrap;font-variant-numeric:tabular-nums}
-.gpumem-panel .gm-sub{font-size:10.5px;color:var(--jp-ui-font-color2,#6b7280);white-space:nowrap}
+.gpumem-panel .gm-sub{font-size:10.5px;color:var(--jp-ui-font-color2,#6b7280);overflow-wrap:anywhere}
 .gpumem-panel .gm-bar{position:relative;display:flex;height:8px;border-radius:4px;margin:4px 0 2px;
  background:var(--jp-layout-color3,#e5e7eb)}
 .gpumem-panel .gm-bar span{display:block;height:100%}
@@ -59,6 +61,7 @@ body[data-jp-theme-light="false"] .gpumem-panel .gm-err{color:#f87171}
 .gpumem-panel .gm-host,.gpumem-panel .gm-note{font-size:11.5px;color:var(--jp-ui-font-color2,#6b7280);margin-top:4px}
 .gpumem-panel .gm-note{font-style:italic}
 .gpumem-panel .gm-dim{color:var(--jp-ui-font-color2,#6b7280)}
+.gpumem-panel .gm-scroll{overflow-x:auto;max-width:100%}
 .gpumem-panel .gm-table{border-collapse:collapse;font-size:12px;width:100%;font-variant-numeric:tabular-nums}
 .gpumem-panel .gm-table th{font-weight:500;text-align:left;color:var(--jp-ui-font-color2,#6b7280);padding:1px 8px 1px 0}
 .gpumem-panel .gm-table td{padding:1px 8px 1px 0;white-space:nowrap}
@@ -72,7 +75,11 @@ body[data-jp-theme-light="false"] .gpumem-panel .gm-err{color:#f87171}
 .gpumem-panel .gm-msg{font-size:12px;min-height:18px;padding:2px 0}
 .gpumem-panel .gm-ok{color:#15803d}.gpumem-panel .gm-err{color:#b91c1c}
 .gpumem-panel .gm-paused{color:#b45309;font-weight:600}
-.gpumem-panel .widget-toggle-buttons .widget-toggle-button{width:auto;padding:0 8px}
+.gpumem-panel .widget-toggle-buttons .widget-toggle-button{width:auto;padding:0 7px}
+.gpumem-panel .widget-button{padding:0 8px}
+.gpumem-panel .gm-controls{flex-flow:row wrap;align-items:center;gap:2px 0;max-width:100%}
+.gpumem-panel .gm-controls>*{max-width:100%}
+.gpumem-panel .widget-checkbox input:disabled+span{opacity:.8}
 </style>"""
 
 _DEEP_HELP = (
@@ -84,6 +91,10 @@ _FREE_HELP = (
     "gc.collect(), then torch.cuda.empty_cache() on every initialized device: returns PyTorch's cached, "
     "unused blocks to the driver. Tensors still referenced stay. Safe while a cell runs."
 )
+
+_FULL_SCALE_HELP = "y axis up to the device's capacity (the machine's RAM when only host RSS is plotted)"
+_HOST_HELP = "Also plot this kernel's resident host memory (RSS)"
+_HOST_ONLY_HELP = "No GPU in use: the host RSS curve is what the plot shows, so it cannot be hidden"
 
 _PAUSED_TEXT = "Paused: the panel is frozen; sampling goes on. Resume to catch up."
 
@@ -107,13 +118,15 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         )
         self._legend = widgets.HTML("")
         figure = self._build_plot(compact)
-        controls = self._build_controls(options)
+        actions, settings = self._build_controls(options)
         self._message = widgets.HTML('<div class="gm-msg"></div>')
         style = widgets.HTML(_STYLE, layout=widgets.Layout(display="none"))
         self._last_marks_key: tuple[Any, ...] | None = None
         self._last_devices: tuple[int, ...] | None = None
         super().__init__(
-            children=[style, self._header, self._legend, figure, controls, self._message], _view_count=0
+            # Free's result right under its button; the display settings after it.
+            children=[style, self._header, self._legend, figure, actions, self._message, settings],
+            _view_count=0,
         )
         self.add_class("gpumem-panel")
         self.layout.width = "100%"
@@ -152,10 +165,11 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             display_toolbar=False,
             min_aspect_ratio=0.0,
             max_aspect_ratio=100.0,
-            layout=widgets.Layout(width="100%", height="250px", min_width="180px"),
+            layout=widgets.Layout(width="100%", height="200px" if compact else "250px", min_width="160px"),
         )
 
-    def _build_controls(self, options: PanelOptions) -> Any:
+    def _build_controls(self, options: PanelOptions) -> tuple[Any, Any]:
+        """Two wrapping rows: the actions (Free, Pause, Reset peak), then what the plot shows."""
         auto_width = {"width": "auto"}
         self._free_button = widgets.Button(
             description="Free", icon="broom", tooltip=_FREE_HELP, button_style="primary", layout=auto_width
@@ -182,18 +196,24 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             layout=widgets.Layout(width="150px", display="none"),
         )
         self._host = widgets.Checkbox(
-            value=options.show_host, description="host RSS", indent=False,
+            value=options.show_host, description="host RSS", indent=False, tooltip=_HOST_HELP,
             layout=widgets.Layout(width="auto", margin="0 8px 0 0"),
         )  # fmt: skip
         self._full_scale = widgets.Checkbox(
             value=options.full_scale, description="full scale", indent=False,
-            tooltip="y axis up to the device's capacity", layout=widgets.Layout(width="auto"),
+            tooltip=_FULL_SCALE_HELP, layout=widgets.Layout(width="auto"),
         )  # fmt: skip
-        return widgets.HBox(
-            [self._free_button, self._deep, self._pause_button, self._reset_button, self._window, self._device,
-             self._host, self._full_scale],
-            layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"),
-        )  # fmt: skip
+        self._host_choice = bool(options.show_host)
+        row = {"flex_flow": "row wrap", "align_items": "center", "width": "100%"}
+        actions = widgets.HBox(
+            [self._free_button, self._deep, self._pause_button, self._reset_button], layout=widgets.Layout(**row)
+        )
+        settings = widgets.HBox(
+            [self._window, self._device, self._host, self._full_scale], layout=widgets.Layout(**row)
+        )
+        actions.add_class("gm-controls")
+        settings.add_class("gm-controls")
+        return actions, settings
 
     def _build_window_choice(self, window_s: float | None) -> Any:
         """The presets, plus the panel's own window when it is none of them."""
@@ -205,7 +225,7 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         self._window_values[current] = window_s
         return widgets.ToggleButtons(
             options=presets, value=current, tooltips=["time window"] * len(presets),
-            style={"button_width": "auto"}, layout=widgets.Layout(width="auto", margin="0 8px"),
+            style={"button_width": "auto"}, layout=widgets.Layout(width="auto", margin="0 8px 0 0"),
         )  # fmt: skip
 
     def control_widgets(self) -> tuple[Any, ...]:
@@ -257,6 +277,7 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         if devices == self._last_devices:
             return
         self._last_devices = devices
+        self._show_host_choice(host_only=not devices)
         options: list[tuple[str, int]] = [("all devices", ALL_DEVICES)]
         for index in devices:
             info = infos.get(index)
@@ -268,6 +289,19 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             self._device.options = options
             self._device.value = current
         self._device.layout.display = "flex" if len(devices) > 1 else "none"
+
+    def _show_host_choice(self, host_only: bool) -> None:
+        """Without a GPU the host curve is the plot: the box says so (ticked, disabled) instead of lying."""
+        if host_only == bool(self._host.disabled):
+            return
+        with self._host.hold_sync():
+            if host_only:
+                self._host_choice = bool(self._host.value)
+                self._host.value = True
+            else:
+                self._host.value = self._host_choice
+            self._host.disabled = host_only
+            self._host.tooltip = _HOST_ONLY_HELP if host_only else _HOST_HELP
 
     def show_frame(self, frame: CurveFrame) -> None:
         """Draw one push of the plot: axes, lines, capacity, cell marks and the legend."""

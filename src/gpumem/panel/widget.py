@@ -38,10 +38,11 @@ from gpumem.panel.commands import (
     TogglePause,
     ViewsChanged,
 )
-from gpumem.panel.curves import CurveFrame, build_curve_frame, curve_interval_s, with_span_mark
+from gpumem.panel.curves import CurveFrame, build_curve_frame, curve_interval_s, label_spaced_marks, with_span_mark
 from gpumem.panel.freeing import FreeOutcome, FreeWorker, free_message, run_free
 from gpumem.panel.header import build_header, render_header
 from gpumem.panel.options import (
+    COMPACT_PLOT_WIDTH_PX,
     DEFAULT_POINTS_PER_LINE,
     DEFAULT_RATE_HZ,
     DEFAULT_THRESHOLD,
@@ -107,6 +108,8 @@ class Panel(PanelView):
             window=window, device=device, threshold=threshold, rate_hz=rate_hz, host=host,
             full_scale=full_scale, points_per_line=points_per_line,
         )  # fmt: skip
+        if compact:
+            options = options._replace(plot_width_px=COMPACT_PLOT_WIDTH_PX)
         super().__init__(options, compact)
         self._options = options
         self._monitor = monitor if monitor is not None else default_monitor()
@@ -353,8 +356,13 @@ class Panel(PanelView):
     def _push_curves(self, now: float) -> float:
         """Draw the window from the monitor's timeline; returns the seconds until the next push."""
         wall_offset = time.time() - time.monotonic()
-        frame = build_curve_frame(self._monitor.timeline, self._options, now, wall_offset, self._readings.capacities())
+        snapshot = self._readings.latest()
+        host_total = snapshot.host.total_bytes if snapshot is not None and snapshot.host is not None else None
+        frame = build_curve_frame(
+            self._monitor.timeline, self._options, now, wall_offset, self._readings.capacities(), host_total
+        )
         frame = with_span_mark(frame, *self._peaks.span(), wall_offset)
+        frame = label_spaced_marks(frame, self._options.plot_width_px)
         self.show_frame(frame)
         self._last_frame = frame
         interval = curve_interval_s(self._options, frame.payload_bytes)
