@@ -2,7 +2,7 @@
 # (Python 3.10+, node 20 for the front end) and are quick when run again.
 #
 #   make test   lint, type-check and run the whole test suite (CUDA tests skip without a GPU)
-#   make demo   start JupyterLab on 127.0.0.1 with notebooks/demo.ipynb
+#   make demo   start JupyterLab on 127.0.0.1 with a copy of notebooks/demo.ipynb (in .gpumem-demo/, ignored)
 #   make soak   the long reliability tests (1,000 cells under free(), a simulated 24 h session); minutes
 
 SHELL := /bin/bash
@@ -17,29 +17,53 @@ TORCH_PIN ?= torch==2.13.0
 ARTIFACTS ?= test-artifacts
 PYTEST_ARGS ?=
 DEMO_PORT ?= 8888
+# JupyterLab autosaves the notebook it has open: the demo runs on a copy, so the checkout stays clean.
+DEMO_DIR ?= .gpumem-demo
 
 # Re-install when the package metadata or the front-end sources change (the editable install runs
 # the front-end build through hatch-jupyter-builder).
 JS_SOURCES := $(wildcard js/package.json js/tsconfig.json js/yarn.lock js/.yarnrc.yml) \
 	$(shell find js/src js/style js/schema -type f 2>/dev/null)
 INSTALLED := $(VENV)/.gpumem-installed
+DEMO_INSTALLED := $(VENV)/.gpumem-demo-installed
 # This machine's pip configuration names partial local indexes; pip warns for each missing project.
 PIP_NOISE := is ignored: it is neither a file nor a directory
 
-.PHONY: test demo soak install chromium lint typecheck pytest clean
+.PHONY: test demo demo-install soak install chromium lint typecheck pytest clean
 
 test: install chromium lint typecheck pytest
 
-demo: install
+demo: demo-install
+	@mkdir -p $(DEMO_DIR)
+	@if [ ! -e $(DEMO_DIR)/demo.ipynb ]; then cp notebooks/demo.ipynb $(DEMO_DIR)/demo.ipynb; \
+	  echo "==> copied notebooks/demo.ipynb to $(DEMO_DIR)/demo.ipynb (your edits stay there; delete it for a fresh copy)"; \
+	else echo "==> reusing $(DEMO_DIR)/demo.ipynb (delete it for a fresh copy of notebooks/demo.ipynb)"; fi
+	@echo "==> starting JupyterLab on http://127.0.0.1:$(DEMO_PORT) (Ctrl-C stops it)"
 	@if [ "$$(id -u)" = 0 ]; then root_flag=--allow-root; else root_flag=; fi; \
-	exec $(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(DEMO_PORT) $$root_flag notebooks/demo.ipynb
+	exec $(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(DEMO_PORT) $$root_flag \
+	  --ServerApp.root_dir=$(abspath $(DEMO_DIR)) demo.ipynb
+
+# The demo needs the runtime, JupyterLab and a CPU torch; not the test tools. A test install has them all.
+demo-install: $(DEMO_INSTALLED)
+
+$(DEMO_INSTALLED): $(PY) pyproject.toml $(JS_SOURCES)
+	@if [ -e $(INSTALLED) ] && [ $(INSTALLED) -nt pyproject.toml ]; then \
+	  echo "==> gpumem is already installed with the test tools (they include the demo's)"; \
+	else \
+	  echo "==> installing gpumem (editable: builds the JupyterLab extension with node), JupyterLab and $(TORCH_PIN)"; \
+	  echo "    this takes a few minutes the first time; pip shows its progress below"; \
+	  $(PY) -m pip install --progress-bar on -e ".[demo]" "$(TORCH_PIN)" 2>&1 | { grep --line-buffered -v "$(PIP_NOISE)" || true; }; \
+	fi
+	@touch $@
 
 install: $(INSTALLED)
 
 $(PY):
+	@echo "==> creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 
 $(INSTALLED): $(PY) pyproject.toml $(JS_SOURCES)
+	@echo "==> installing gpumem (editable) with its test tools and $(TORCH_PIN)"
 	$(PY) -m pip install -q -e ".[test]" "$(TORCH_PIN)" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }
 	@touch $@
 
@@ -75,4 +99,4 @@ soak: install
 	  --junitxml=$(ARTIFACTS)/soak-junit.xml tests/reliability $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(ARTIFACTS) .pytest_cache .mypy_cache .ruff_cache build dist
+	rm -rf $(ARTIFACTS) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache build dist

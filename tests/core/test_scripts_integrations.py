@@ -95,7 +95,10 @@ def test_the_integrations_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -
     for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks", "pytorch_lightning",
                  "pytorch_lightning.callbacks", "transformers"):  # fmt: skip
         monkeypatch.setitem(sys.modules, name, None)
-    for module, extra in (("lightning", "gpumem[lightning]"), ("huggingface", "gpumem[huggingface]")):
+    for module, extra in (
+        ("lightning", "pip install jupyter-gpumem[lightning]"),  # the distribution name: "gpumem" is another project
+        ("huggingface", "pip install jupyter-gpumem[huggingface]"),
+    ):
         monkeypatch.delitem(sys.modules, f"gpumem.integrations.{module}", raising=False)
         with pytest.raises(ImportError, match=extra.replace("[", r"\[").replace("]", r"\]")):
             importlib.import_module(f"gpumem.integrations.{module}")

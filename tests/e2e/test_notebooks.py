@@ -11,6 +11,16 @@ from _harness import JupyterEnv, cuda_status, notebook_text, run_notebook
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
+def notebook_text_of(cell) -> str:
+    """Every text output of one cell (stdout, text/plain, text/html)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", ""))
+        data = out.get("data", {})
+        parts.extend(str(data.get(kind, "")) for kind in ("text/plain", "text/html"))
+    return "\n".join(parts)
+
+
 def _errors(nb) -> list[str]:
     return [
         f"{out.get('ename')}: {out.get('evalue')}"
@@ -27,7 +37,18 @@ def test_demo_runs_without_errors_and_tells_the_truth(tmp_path: Path, jupyter_en
     assert _errors(nb) == []
     text = notebook_text(nb)
     assert "gpumem status" in text
+    assert "torch unavailable" not in text  # status runs after `import torch`, so it reads the allocator
     assert "weights = torch.randn" in text  # the history names the cell by its first line
+    leak_cells = [cell for cell in nb.cells if cell.source.startswith('kept = globals().get("kept"')]
+    assert len(leak_cells) == 3  # "as if you had run one cell three times"
+    leak_texts = [notebook_text_of(cell) for cell in leak_cells]
+    assert "possible leak on re-run" not in leak_texts[0] + leak_texts[1]
+    assert "possible leak on re-run: this cell has run 3 times" in leak_texts[2], leak_texts[2]
+    what = "cuda:0 allocated memory" if cuda_status()["available"] else "host memory (RSS)"
+    assert what in leak_texts[2]
+    (history_cell,) = [cell for cell in nb.cells if cell.source.strip() == "%gpumem history"]
+    history_text = notebook_text_of(history_cell)
+    assert "kept = globals()" in history_text and "auto on --threshold" not in history_text  # own commands left out
     assert "Held by IPython" in text and "Out[" in text
     assert "released IPython references" in text
     panel_outputs = [

@@ -571,7 +571,7 @@ def test_wheel_ships_the_labextension(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (wheel,) = dist.glob("gpumem-*.whl")
+    (wheel,) = dist.glob("jupyter_gpumem-*.whl")  # the distribution name; the import name is gpumem
     names = zipfile.ZipFile(wheel).namelist()
     prefix = next(n.split("/data/")[0] for n in names if ".data/data/" in n) + "/data/"
     ext = prefix + "share/jupyter/labextensions/gpumem/"
@@ -583,7 +583,11 @@ def test_wheel_ships_the_labextension(tmp_path: Path) -> None:
     assert meta["name"] == "gpumem"
     assert meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
     install = json.loads(zipfile.ZipFile(wheel).read(ext + "install.json"))
-    assert install["packageName"] == "gpumem"
+    assert install["packageName"] == "jupyter-gpumem"  # what `jupyter labextension list` tells users to uninstall
+    assert "jupyter-gpumem" in install["uninstallInstructions"]
+    wheel_meta = zipfile.ZipFile(wheel).read(prefix.removesuffix(".data/data/") + ".dist-info/METADATA").decode()
+    assert "\nName: jupyter-gpumem\n" in wheel_meta
+    assert any(n.startswith("gpumem/") and n.endswith("/__init__.py") for n in names) or "gpumem/__init__.py" in names
 
 
 # --------------------------------------------------------------------------------------------

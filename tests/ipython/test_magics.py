@@ -221,8 +221,7 @@ def test_auto_mode_records_every_cell_and_shows_only_notable_ones(shell: Any) ->
         ("a = src.allocate(10 * MIB)", "auto"),
         ("b = src.allocate(200 * MIB)", "auto"),
         ("c = src.allocate(MIB)", "magic"),
-        ("%gpumem auto off", "auto"),
-    ]
+    ]  # "%gpumem auto off" is gpumem's own command: not recorded (c.GpuMem.record_own_commands)
 
 
 def test_failures_are_recorded_with_their_status(shell: Any) -> None:

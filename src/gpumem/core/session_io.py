@@ -6,7 +6,7 @@ raw samples where they are still kept, and for older stretches each coarser buck
 maximum (so every peak ever sampled is there). A cell is :func:`record_to_dict`'s object plus
 ``quiet``; loading rebuilds the same :class:`CellRecord`, so a round trip is exact (NaN, "not
 measured", is written as null). The JSON file is written atomically; with pyarrow installed
-(``pip install gpumem[parquet]``) the samples and cells can also be written as Parquet files.
+(``pip install jupyter-gpumem[parquet]``) the samples and cells can also be written as Parquet files.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A Hugging Face ``TrainerCallback`` that adds gpumem's metrics to the Trainer's logs
-(``pip install gpumem[huggingface]``): TensorBoard, W&B or whatever the Trainer reports to gets them.
+(``pip install jupyter-gpumem[huggingface]``): TensorBoard, W&B or whatever the Trainer reports to gets them.
 
 >>> trainer = Trainer(...)                     # doctest: +SKIP
 >>> gpumem.integrations.huggingface.attach(trainer)   # doctest: +SKIP
@@ -12,7 +12,9 @@ from typing import Any
 try:
     from transformers import TrainerCallback
 except ImportError:
-    raise ImportError("gpumem.integrations.huggingface needs transformers: pip install gpumem[huggingface]") from None
+    raise ImportError(
+        "gpumem.integrations.huggingface needs transformers: pip install jupyter-gpumem[huggingface]"
+    ) from None
 
 from gpumem.core.monitor import Monitor
 

@@ -1,4 +1,4 @@
-"""A PyTorch Lightning callback that logs gpumem's metrics beside the loss (``pip install gpumem[lightning]``).
+"""A PyTorch Lightning callback that logs gpumem's metrics beside the loss (``pip install jupyter-gpumem[lightning]``).
 
 >>> trainer = lightning.Trainer(callbacks=[GpumemCallback(every_n_steps=50)])   # doctest: +SKIP
 """
@@ -14,7 +14,7 @@ except ImportError:  # the older package name
         from pytorch_lightning.callbacks import Callback
     except ImportError:
         raise ImportError(
-            "gpumem.integrations.lightning needs PyTorch Lightning: pip install gpumem[lightning]"
+            "gpumem.integrations.lightning needs PyTorch Lightning: pip install jupyter-gpumem[lightning]"
         ) from None
 
 from gpumem.core.monitor import Monitor

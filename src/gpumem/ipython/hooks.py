@@ -9,6 +9,7 @@ user's.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
@@ -98,7 +99,7 @@ class CellHooks:
                 body = header[1]
             except Exception:
                 request = None  # the %%gpumem magic itself reports the bad option, without running the body
-        if request is None and not state.config.auto:
+        if request is None and (not state.config.auto or self._own_command(raw)):
             self._stack.append(_Pending(info, None, None))
             return
         options = request.options if request is not None else state.auto_options()
@@ -107,6 +108,14 @@ class CellHooks:
         traced = trace_cell.start(request and request.trace)
         profiler = profile_cell.start(request is not None and request.profile)
         self._stack.append(_Pending(info, active, request, traced, profiler))
+
+    def _own_command(self, source: str) -> bool:
+        """A cell of only ``%gpumem`` line magics: in automatic mode it would fill the history with gpumem's
+        own commands (c.GpuMem.record_own_commands = True records them)."""
+        if self.state.config.record_own_commands:
+            return False
+        lines = [line.strip() for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+        return bool(lines) and all(re.match(r"%gpumem(\s|$)", line) for line in lines)
 
     def _pop(self, result: Any) -> _Pending | None:
         if not self._stack:

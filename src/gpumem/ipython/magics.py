@@ -97,14 +97,23 @@ def subcommand_help(name: str) -> str:
         text = _documented(name).__doc__ or "(no description)"
     except UsageError as error:
         text = str(error)
-    return f"%gpumem {name}\n" + "-" * (8 + len(name)) + "\n" + inspect.cleandoc(text)
+    return f"%gpumem {name}\n" + "-" * (8 + len(name)) + "\n" + _plain(text)
+
+
+def _plain(docstring: str) -> str:
+    """A magic's docstring without the reStructuredText ``::`` that IPython's magic_arguments puts
+    above the usage line (it is shown as text, not rendered)."""
+    lines = inspect.cleandoc(docstring).splitlines()
+    if lines and lines[0].strip() == "::":
+        lines = lines[2:] if len(lines) > 1 and not lines[1].strip() else lines[1:]
+    return inspect.cleandoc("\n".join(lines))
 
 
 def full_help() -> str:
     """Every subcommand's help and every ``%%gpumem`` option (``%gpumem?``, ``%gpumem help``)."""
     parts = [_INTRO.format(names=", ".join(SUBCOMMANDS))]
     parts.extend(subcommand_help(name) for name in SUBCOMMANDS)
-    parts.append("%%gpumem\n--------\n" + inspect.cleandoc(cell_usage.__doc__ or ""))
+    parts.append("%%gpumem\n--------\n" + _plain(cell_usage.__doc__ or ""))
     return "\n\n".join(part.strip("\n") for part in parts) + "\n"
 
 

@@ -80,7 +80,8 @@ def magic_summary(state: ExtensionState, line: str) -> None:
 @argument(
     "--parquet",
     action="store_true",
-    help="also write PATH's stem .samples.parquet and .cells.parquet (needs pyarrow: pip install gpumem[parquet])",
+    help="also write PATH's stem .samples.parquet and .cells.parquet "
+    "(needs pyarrow: pip install jupyter-gpumem[parquet])",
 )
 @argument("--force", action="store_true", help="replace an existing file even if it is not a gpumem session export")
 def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport] = ()) -> None:
@@ -94,7 +95,7 @@ def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport
     assert target is not None
     data = capture_session(state.monitor.timeline, state.tracker.history, reports)
     if args.parquet and importlib.util.find_spec("pyarrow") is None:  # checked before anything is written
-        raise UsageError("--parquet needs pyarrow: pip install 'gpumem[parquet]'")
+        raise UsageError("--parquet needs pyarrow: pip install 'jupyter-gpumem[parquet]'")
     what = f"{len(data.timeline.times):,} points, {len(data.marks):,} marks, {len(data.cells):,} cells"
     what += f" and {len(data.reports):,} reports"
     _write(lambda: write_session(data, target, force=bool(args.force)), target, what)

@@ -30,6 +30,7 @@ __all__ = ["auto_mode_text", "magic_auto", "magic_history", "magic_status"]
     nargs="?",
     type=str.lower,
     choices=("on", "off"),
+    metavar="on|off",
     help="turn automatic mode on or off (omit to see its settings)",
 )
 @argument(
@@ -40,8 +41,9 @@ __all__ = ["auto_mode_text", "magic_auto", "magic_history", "magic_status"]
 @argument(
     "--vars",
     choices=("changed", "always", "never"),
-    help="when to look for the variables holding GPU memory: only after cells that changed CUDA allocated "
-    "memory by at least GpuMem.attribute_threshold_bytes (default), after every cell, or never",
+    metavar="MODE",
+    help="when to look for the variables holding GPU memory: changed (default: only after cells that changed "
+    "CUDA allocated memory by at least GpuMem.attribute_threshold_bytes), always (after every cell) or never",
 )
 @argument("--keep-peaks", action="store_true", help="leave PyTorch's peak counters alone (sampled peaks)")
 @argument("--reset-peaks", action="store_true", help="reset the peak counters at each cell start (exact peaks)")
@@ -70,25 +72,21 @@ _SPLIT_SIZE = re.compile(r"(--threshold(?:=|\s+)[0-9.eE]+)\s+([kKmMgGtT]i?[bB]?|
 
 
 def auto_mode_text(state: ExtensionState) -> str:
+    """Two short lines (a notebook wraps one long line mid-word): what is measured and shown, then how."""
     config = state.config
     if not config.auto:
         return "gpumem automatic mode is off (%gpumem auto on, or %%gpumem on one cell)."
     peaks = (
-        "peak counters are left alone (--keep-peaks): peaks are sampled lower bounds unless the counter rose"
-        if config.keep_peaks
-        else "PyTorch's peak counters are reset when each cell starts, so peaks are exact but "
-        "torch.cuda.max_memory_allocated() only covers the current cell (--keep-peaks avoids this)"
+        "peaks sampled (lower bounds)" if config.keep_peaks else "peaks exact (reset per cell)"
     )
     variables = {
-        "changed": "after cells that changed CUDA allocated memory by at least "
-        f"{format_bytes(config.attribute_threshold_bytes)}",
-        "always": "after every cell",
-        "never": "never",
+        "changed": f"holders looked up after {format_bytes(config.attribute_threshold_bytes)}+ changes",
+        "always": "holders looked up after every cell",
+        "never": "holders not looked up",
     }[config.attribute]
     return (
-        "gpumem automatic mode is on: every cell is measured and recorded (%gpumem history); a summary line "
-        f"appears under cells that change memory by at least {format_bytes(config.threshold_bytes)} or have a "
-        f"warning. Variables are inspected {variables}; {peaks}."
+        "gpumem automatic mode is on: every cell is measured (%gpumem history); a line shows under cells\n"
+        f"that change memory by {format_bytes(config.threshold_bytes)}+ or warn; {peaks}; {variables}."
     )
 
 
@@ -179,7 +177,8 @@ def magic_status(state: ExtensionState, line: str) -> None:
     lines.append(f"  sampler  {running}; {taken}")
     if sampler.last_error:
         lines.append(f"           the last read failed: {sampler.last_error}")
-    lines.append("  auto     " + auto_mode_text(state).removeprefix("gpumem automatic mode is "))
+    auto = auto_mode_text(state).removeprefix("gpumem automatic mode is ").splitlines()
+    lines.extend(("  auto     " if number == 0 else "           ") + text for number, text in enumerate(auto))
     cells = _count(len(state.tracker.history), "cell")
     lines.append(f"  history  {cells} recorded (keeps up to {state.tracker.history_size:,})")
     lines.extend(_standing_lines(state))

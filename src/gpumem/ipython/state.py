@@ -55,6 +55,11 @@ class GpuMem(Configurable):
     leak_min_bytes = Int(MIB, min=1, help="Smallest per-run growth that counts towards a leak warning.").tag(
         config=True
     )
+    record_own_commands = Bool(
+        False,
+        help="Automatic mode: also measure and record cells that are only %gpumem line magics (status, history, "
+        "who...); by default they stay out of the history. %%gpumem cells are always recorded.",
+    ).tag(config=True)
 
 
 _SECTION = GpuMem.__name__  # the configuration section: c.GpuMem.*

@@ -78,7 +78,8 @@ def _headline(record: CellRecord) -> str:
 
 
 def _first_line(record: CellRecord) -> str:
-    return record.first_line or "(empty cell)"
+    """The cell's first line with its padding (spaces lining up a comment) closed up, for the header."""
+    return " ".join(record.first_line.split()) or "(empty cell)"
 
 
 def _record_text(record: CellRecord, top: int) -> str:

@@ -1,0 +1,107 @@
+"""What a newcomer reads first: the automatic-mode message, the help, the report header, and a history
+that holds the user's cells, not gpumem's own commands. Real IPython shell, fake CUDA allocator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+from gpumem.core.cells import CellRecord
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.ipython import extension as _extension
+from gpumem.testing import GIB, MIB, FakeSource
+
+SHORT = 120  # JupyterLab breaks longer lines mid-word in a narrow output area
+
+
+@pytest.fixture
+def shell(ip: Any) -> Iterator[Any]:
+    fake = FakeSource(devices=1)
+    set_default_monitor(Monitor(fake))
+    assert ip.run_cell("%load_ext gpumem").success
+    ip.user_ns.update(src=fake, GIB=GIB, MIB=MIB)
+    try:
+        yield ip
+    finally:
+        ip.run_cell("%config GpuMem.record_own_commands = False")
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def history() -> tuple[CellRecord, ...]:
+    state = _extension.get_state()
+    assert state is not None
+    return state.tracker.history
+
+
+@pytest.mark.parametrize("options", ["", " --keep-peaks", " --vars always", " --vars never --threshold 1GiB"])
+def test_auto_mode_message_is_two_short_lines(shell: Any, options: str) -> None:
+    _result, cap = run_cell_capture(shell, "%gpumem auto on" + options)
+    lines = cap.stdout.rstrip("\n").splitlines()
+    assert len(lines) == 2, cap.stdout
+    assert all(len(line) <= SHORT for line in lines), [len(line) for line in lines]
+    assert lines[0].startswith("gpumem automatic mode is on: every cell is measured")
+    _result, cap = run_cell_capture(shell, "%gpumem status")
+    auto = [line for line in cap.stdout.splitlines() if line.startswith("  auto")]
+    (first,) = auto
+    following = cap.stdout.splitlines()[cap.stdout.splitlines().index(first) + 1]
+    assert first == "  auto     " + lines[0].removeprefix("gpumem automatic mode is ")
+    assert following == "           " + lines[1]
+
+
+def test_auto_mode_message_says_the_settings(shell: Any) -> None:
+    _result, cap = run_cell_capture(shell, "%gpumem auto on --threshold 100MiB --keep-peaks --vars always")
+    assert "100.0 MiB+" in cap.stdout and "peaks sampled (lower bounds)" in cap.stdout
+    assert "after every cell" in cap.stdout
+    _result, cap = run_cell_capture(shell, "%gpumem auto --reset-peaks --vars changed")
+    assert "peaks exact" in cap.stdout and "after 1.0 MiB+ changes" in cap.stdout
+
+
+def test_help_has_no_markup_leftovers_and_plain_metavars(shell: Any) -> None:
+    _result, cap = run_cell_capture(shell, "%gpumem help")
+    text = cap.stdout
+    assert "%gpumem auto [" in text and "%%gpumem" in text
+    assert not [line for line in text.splitlines() if line.strip() == "::"]
+    assert "{changed,always,never}" not in text and "{on,off}" not in text
+    text = " ".join(text.split())
+    assert "--vars MODE" in text and "changed (default" in text and "always (after every cell) or never" in text
+    _result, cap = run_cell_capture(shell, "%gpumem auto -h")
+    assert cap.stdout.startswith("%gpumem auto\n")
+    assert "::" not in cap.stdout
+
+
+def test_report_header_closes_up_the_padding_of_the_first_line(shell: Any) -> None:
+    _result, cap = run_cell_capture(shell, "%%gpumem\nw = src.allocate(2 * MIB)          # stays\n")
+    (plain,) = [out.data["text/plain"] for out in cap.outputs if "text/plain" in out.data]
+    header = plain.splitlines()[0]
+    assert "w = src.allocate(2 * MIB) # stays" in header, header
+    (record,) = history()
+    assert record.first_line == "w = src.allocate(2 * MIB)          # stays"  # the history keeps the source
+
+
+def test_own_commands_stay_out_of_the_history(shell: Any) -> None:
+    cells = [
+        "%gpumem auto on",
+        "a = src.allocate(10 * MIB)",
+        "%gpumem status",
+        "%gpumem history --last 3\n%gpumem who",
+        "# look\n%gpumem free",
+        "%%gpumem\nb = src.allocate(MIB)",
+        "c = src.allocate(MIB)\n%gpumem status",
+        "x = 1",
+    ]
+    for cell in cells:
+        result, _cap = run_cell_capture(shell, cell)
+        assert result.success, cell
+    assert [r.first_line for r in history()] == [
+        "a = src.allocate(10 * MIB)",
+        "b = src.allocate(MIB)",
+        "c = src.allocate(MIB)",
+        "x = 1",
+    ]
+    run_cell_capture(shell, "%config GpuMem.record_own_commands = True")
+    run_cell_capture(shell, "%gpumem status")
+    assert history()[-1].first_line == "%gpumem status"
