@@ -353,3 +353,26 @@ def test_node_wrappers_made_afresh_at_each_access_are_all_walked() -> None:
     _, total, notes = saved_by_graphs(torch, walker, [root])
     assert notes == []
     assert total == sum(tensor.nbytes for tensor in saved)
+
+
+def test_a_heap_of_many_segments_is_split_from_sizes_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory_snapshot() costs ~3 us a segment: past MAX_SEGMENTS_READ it is not called at all."""
+    import sys
+    from types import SimpleNamespace
+
+    from gpumem.core.holders import remainder
+
+    def snapshot() -> list[Any]:
+        raise AssertionError("memory_snapshot must not be read for a heap this large")
+
+    segments = {"segment": {"all": {"current": remainder.MAX_SEGMENTS_READ + 1}}}
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(is_initialized=lambda: True, memory_snapshot=snapshot),
+        _C=SimpleNamespace(_cuda_memoryStats=lambda _number: segments),
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert remainder.allocator_blocks((0,)) is None
+    segments["segment"]["all"]["current"] = 3
+    block = {"size": 512, "state": "active_allocated"}
+    fake.cuda.memory_snapshot = lambda: [{"device": 0, "address": 4096, "blocks": [block]}]
+    assert remainder.allocator_blocks((0,)) == [("cuda:0", 4096, 512)]
