@@ -261,9 +261,11 @@ def test_cell_report_splits_device_used_under_the_device() -> None:
     fake = FakeSource(context_bytes=520 * MIB, other_processes_bytes=64 * MIB)
     tracker = CellTracker(Monitor(fake), start_sampler=False)
     try:
-        cell = tracker.begin("x = torch.ones(...)", options=CellOptions())
+        cell = tracker.begin("x = torch.ones(...)", options=CellOptions(mode="magic"))
         fake.allocate(1536 * MIB)
         record = tracker.end(cell, error=None)
+        quiet = tracker.begin("y = 1", options=CellOptions())  # automatic mode: no split, no per-process read
+        assert tracker.end(quiet, error=None).devices[0].process_used_after_bytes is None
     finally:
         tracker.close()
     (change,) = record.devices

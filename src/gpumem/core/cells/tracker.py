@@ -247,7 +247,10 @@ class CellTracker:
         (a ``%%gpumem`` found inside an automatically measured cell), except for ``keep_peaks``.
         ``hidden`` names references the host keeps for the user (``{"Out[7]": value}``)."""
         duration_s = time.perf_counter() - cell.started_perf_s
-        end = self.monitor.snapshot(process_memory=True)  # the report splits "device used" by who uses it
+        # Only a full report splits "device used" by who uses it; NVML's per-process read costs ~80 us a
+        # cell, too much for every automatic-mode cell, whose one-line summary never shows the split.
+        shown = options if options is not None else cell.options
+        end = self.monitor.snapshot(process_memory=shown.mode != "auto")
         with self._lock:
             cell.finished = True
             if cell in self._active:
