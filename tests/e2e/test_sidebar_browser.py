@@ -828,7 +828,8 @@ def test_notebook7_sidebar(
     wait_label_changes(page, "nb7")
 
     restart_kernel(page)
-    wait_sidebar_text(page, "The kernel of nb7.ipynb restarted; run %load_ext gpumem, then %gpumem sidebar to reconnect")
+    restarted = "The kernel of nb7.ipynb restarted; run %load_ext gpumem, then %gpumem sidebar to reconnect"
+    wait_sidebar_text(page, restarted)
     assert sidebar(page).locator(".widget-label").count() == 0
     save_screenshot(page, f"{request.node.name}.restarted")
     wait_for_kernel_idle(page)
