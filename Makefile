@@ -4,6 +4,7 @@
 #   make test   lint, type-check and run the whole test suite (CUDA tests skip without a GPU)
 #   make demo   start JupyterLab on 127.0.0.1 with a copy of notebooks/demo.ipynb (in .gpumem-demo/, ignored)
 #   make soak   the long reliability tests (1,000 cells under free(), a simulated 24 h session); minutes
+#   make screenshots   the README's pictures (docs/images/*.png), taken by the browser tests in a real JupyterLab
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -29,7 +30,7 @@ DEMO_INSTALLED := $(VENV)/.gpumem-demo-installed
 # This machine's pip configuration names partial local indexes; pip warns for each missing project.
 PIP_NOISE := is ignored: it is neither a file nor a directory
 
-.PHONY: test demo demo-install soak install chromium lint typecheck pytest clean
+.PHONY: test demo demo-install soak screenshots install chromium lint typecheck pytest clean
 
 test: install chromium lint typecheck pytest
 
@@ -97,6 +98,14 @@ soak: install
 	@mkdir -p $(ARTIFACTS)
 	GPUMEM_SOAK=1 GPUMEM_TEST_ARTIFACTS=$(abspath $(ARTIFACTS)) $(PY) -m pytest -m soak -s \
 	  --junitxml=$(ARTIFACTS)/soak-junit.xml tests/reliability $(PYTEST_ARGS)
+
+# Only this target sets GPUMEM_SCREENSHOTS, so an ordinary test run never rewrites the tracked pictures.
+SCREENSHOT_TESTS := tests/e2e/test_panel_browser.py::test_wide_notebook_panel_fits_and_readme_pictures \
+	tests/e2e/test_sidebar_browser.py::test_lab_magic_sidebar_and_reload
+screenshots: install chromium
+	@mkdir -p $(ARTIFACTS) docs/images
+	GPUMEM_SCREENSHOTS=$(abspath docs/images) GPUMEM_TEST_ARTIFACTS=$(abspath $(ARTIFACTS)) \
+	  $(PY) -m pytest $(SCREENSHOT_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(ARTIFACTS) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache build dist

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _harness.config import KERNEL_TIMEOUT, OUTPUT_TIMEOUT
@@ -147,3 +149,18 @@ def wait_for_output(cell_or_page: Locator | Page, text: str | re.Pattern[str], t
             return seen
         time.sleep(0.2)
     raise AssertionError(f"no output containing {text!r} within {timeout}s; outputs were:\n{seen[-2000:]}")
+
+
+def readme_screenshot(target: Locator, name: str) -> Path | None:
+    """Save ``target`` (an element) as ``$GPUMEM_SCREENSHOTS/<name>.png`` for the README; None when unset.
+
+    Only ``make screenshots`` sets it, so an ordinary test run never rewrites the tracked pictures.
+    """
+    folder = os.environ.get("GPUMEM_SCREENSHOTS")
+    if not folder:
+        return None
+    path = Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target.scroll_into_view_if_needed()
+    target.screenshot(path=str(path), animations="disabled", caret="hide")
+    return path

@@ -32,6 +32,7 @@ from _harness import (
     wait_for_kernel_idle,
     wait_for_output,
 )
+from _harness.lab_page import readme_screenshot
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
@@ -345,3 +346,99 @@ def test_first_free_click_in_the_sidebar(jupyter_server: JupyterServer, browser_
     run_cell(page, "%gpumem sidebar")
     page.locator(SIDEBAR_PANEL).first.wait_for(state="visible")
     _first_free_click_during_a_cell(page, SIDEBAR_PANEL, "sidebar")
+
+
+# ------------------------------------------------------------------------------------------------
+# A wide notebook: no sideways scroll, marker labels apart, the plot controls; the README's pictures
+# ------------------------------------------------------------------------------------------------
+
+# Sideways overflow of the panel and of the output area holding it, and marker labels that overlap.
+FITS_JS = """(selector) => {
+    const panel = document.querySelector(selector);
+    const output = panel.closest('.jp-OutputArea-output') || panel.parentElement;
+    // bqplot's Label mark draws each text as <text class="label element"> in a .object_grp group.
+    const boxes = [...panel.querySelectorAll('.object_grp text.label')].filter(t => t.textContent.trim())
+        .map(t => { const r = t.getBoundingClientRect();
+                    return {text: t.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom}; });
+    const overlaps = [];
+    boxes.forEach((a, i) => boxes.slice(i + 1).forEach(b => {
+        const apart = a.right <= b.left || b.right <= a.left || a.bottom <= b.top || b.bottom <= a.top;
+        if (!apart) overlaps.push([a.text, b.text]);
+    }));
+    return {panel: panel.scrollWidth - panel.clientWidth, output: output.scrollWidth - output.clientWidth,
+            labels: boxes.map(b => b.text), overlaps};
+}"""
+
+_Y_TICKS_JS = """(selector) => {
+    const panel = document.querySelector(selector);
+    const axis = [...panel.querySelectorAll('g.axis')].find(a => a.querySelector('text.axislabel') &&
+        /iB/.test(a.querySelector('text.axislabel').textContent));
+    if (!axis) return {unit: '', ticks: []};
+    return {unit: axis.querySelector('text.axislabel').textContent.trim(),
+            ticks: [...axis.querySelectorAll('.tick text')].map(t => parseFloat(t.textContent))};
+}"""
+WIDE_VIEWPORT = {"width": 1600, "height": 1000}
+QUICK_CELLS = 30
+
+
+def run_quick_cells(page: Page, count: int) -> None:
+    """``count`` measured cells in quick succession (automatic mode marks each on the plot)."""
+    for _ in range(count):
+        run_cell(page, "x = 1")
+
+
+def assert_fits(page: Page, selector: str, what: str) -> dict[str, Any]:
+    page.locator(selector).first.scroll_into_view_if_needed()
+    fits: dict[str, Any] = page.evaluate(FITS_JS, selector)
+    assert fits["panel"] <= 0, f"{what}: the panel scrolls sideways by {fits['panel']} px"
+    assert fits["output"] <= 0, f"{what}: its output area scrolls sideways by {fits['output']} px"
+    assert fits["labels"], f"{what}: no cell-marker label is drawn"
+    assert not fits["overlaps"], f"{what}: marker labels overlap: {fits['overlaps']}"
+    return fits
+
+
+def test_wide_notebook_panel_fits_and_readme_pictures(jupyter_server: JupyterServer, browser_page: Page) -> None:
+    page = browser_page
+    page.set_viewport_size(WIDE_VIEWPORT)
+    jupyter_server.make_notebook("wide.ipynb", [""])
+    open_notebook(page, jupyter_server, "wide.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    run_cell(page, "import numpy as np, torch")
+    panel_cell = run_cell(page, "%gpumem monitor --window 1min")
+    page.locator(PANEL).first.wait_for(state="visible")
+    _wait_for(lambda: len(_host_line(page)) >= 4, 30, "the host RSS curve", page)
+    run_cell(page, "%gpumem auto on")
+    run_quick_cells(page, QUICK_CELLS)
+    _wait_for(lambda: "[3" in page.evaluate(_SVG_TEXT_JS, PANEL), 20, "the newest cell markers", page)
+    page.wait_for_timeout(1500)  # one more push after the last cell
+    fits = assert_fits(page, PANEL, "inline at 1600 px")
+    assert len(fits["labels"]) >= 3, fits
+    readme_screenshot(panel_cell.locator(".jp-OutputArea-output").first, "panel_inline")
+
+    report = run_cell(page, "%%gpumem\nweights = torch.ones(64, 1 << 20)\nscratch = torch.zeros(32, 1 << 20)")
+    wait_for_output(report, "weights")
+    readme_screenshot(report, "cell_report")
+    who = run_cell(page, "%gpumem who -d cpu")
+    wait_for_output(who, "weights")
+    readme_screenshot(who, "who")
+    _full_scale_and_host_rss(page)
+
+
+def _full_scale_and_host_rss(page: Page) -> None:
+    """Without a GPU: full scale puts the axis at the machine's RAM; the host curve is what is plotted."""
+    probe = run_cell(page, "import psutil\nprint('total', psutil.virtual_memory().total)")
+    total = int(re.search(r"total (\d+)", wait_for_output(probe, "total")).group(1))  # type: ignore[union-attr]
+    page.locator(f"{PANEL} .widget-checkbox", has_text="full scale").first.locator("input").check()
+
+    def axis_top() -> float:
+        axis = page.evaluate(_Y_TICKS_JS, PANEL)
+        unit_bytes = {"GiB": GIB, "MiB": 1 << 20}.get(axis["unit"], 0)
+        return max(axis["ticks"]) * unit_bytes if axis["ticks"] else 0.0
+
+    assert axis_top() < total / 4, "the axis already spans the machine's RAM: the check proves nothing"
+
+    top = _wait_for(lambda: (t := axis_top()) >= total and t, 20, "the axis to reach the machine's RAM", page)
+    assert top <= 1.3 * total, f"full scale put the axis at {top / GIB:.1f} GiB for {total / GIB:.1f} GiB of RAM"
+    host = page.locator(f"{PANEL} .widget-checkbox", has_text="host RSS").first.locator("input")
+    assert host.is_checked() and host.is_disabled(), "without a GPU the host box must say the curve is what is shown"
+    assert _host_line(page), "the host RSS curve is not drawn"

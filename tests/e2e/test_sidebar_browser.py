@@ -38,6 +38,7 @@ from _harness import (
     wait_for_kernel_idle,
     wait_for_output,
 )
+from _harness.lab_page import readme_screenshot
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
@@ -726,13 +727,14 @@ def test_lab_magic_sidebar_and_reload(
 _FITS_JS = """() => {
     const root = document.scrollingElement;
     const panel = document.querySelector('#gpumem-sidebar .gpumem-panel');
-    const labels = [...panel.querySelectorAll('svg text')].filter(t => t.closest('.mark') && t.textContent)
+    // bqplot's Label mark draws each text as <text class="label element"> in a .object_grp group.
+    const labels = [...panel.querySelectorAll('.object_grp text.label')].filter(t => t.textContent.trim())
         .map(t => t.getBoundingClientRect());
     const overlaps = labels.some((a, i) => labels.slice(i + 1).some(b =>
         a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom));
     const msg = panel.querySelector('.gm-msg').getBoundingClientRect();
     return {root: root.scrollWidth - root.clientWidth, panel: panel.scrollWidth - panel.clientWidth,
-            overlaps, msgBottom: msg.bottom, viewport: window.innerHeight};
+            labels: labels.length, overlaps, msgBottom: msg.bottom, viewport: window.innerHeight};
 }"""
 
 
@@ -742,8 +744,9 @@ def _narrow_sidebar_fits(page: Page) -> None:
         "() => { document.querySelector('#gpumem-sidebar').style.width = '280px';"
         " window.dispatchEvent(new Event('resize')); }"
     )
-    for _ in range(4):
-        run_cell(page, "%%gpumem\nx = 1")
+    run_cell(page, "%gpumem auto on")
+    for _ in range(30):  # quick cells: their markers crowd a narrow plot
+        run_cell(page, "x = 1")
     page.locator("#gpumem-sidebar .gpumem-panel button", has_text="Free").first.click()
     deadline = time.monotonic() + 30
     while "Freed" not in sidebar(page).locator(".gm-msg").inner_text():
@@ -751,9 +754,11 @@ def _narrow_sidebar_fits(page: Page) -> None:
         time.sleep(0.25)
     fits = page.evaluate(_FITS_JS)
     assert fits["root"] <= 0 and fits["panel"] <= 0, fits
+    assert fits["labels"] >= 2, fits
     assert not fits["overlaps"], fits
     assert fits["msgBottom"] <= fits["viewport"], fits
     save_screenshot(page, "sidebar_docked_280px")
+    readme_screenshot(page.locator("#gpumem-sidebar"), "panel_sidebar")
 
 
 @browser

@@ -13,17 +13,21 @@ from typing import NamedTuple
 from gpumem.core.devices import parse_cuda_device
 
 __all__ = [
+    "COMPACT_FIGURE_MIN_WIDTH_PX",
     "COMPACT_PLOT_WIDTH_PX",
     "DEFAULT_BUDGET_BYTES_PER_S",
     "DEFAULT_POINTS_PER_LINE",
     "DEFAULT_RATE_HZ",
     "DEFAULT_THRESHOLD",
     "DEFAULT_WINDOW_S",
+    "INLINE_FIGURE_MIN_WIDTH_PX",
     "INLINE_PLOT_WIDTH_PX",
     "MAX_POINTS_PER_LINE",
     "MAX_RATE_HZ",
     "MIN_POINTS_PER_LINE",
     "MIN_RATE_HZ",
+    "PLOT_MARGIN_LEFT_PX",
+    "PLOT_MARGIN_RIGHT_PX",
     "WINDOW_PRESETS",
     "PanelOptions",
     "make_options",
@@ -53,10 +57,15 @@ MIN_POINTS_PER_LINE = 4
 MAX_POINTS_PER_LINE = 2000
 # Curve data budget; with the header (sent only when its text changes) the panel stays under 50 KB/s.
 DEFAULT_BUDGET_BYTES_PER_S = 36_000
-# The narrowest plot width a panel is laid out for (inline: a narrow notebook; compact: a 250 px sidebar).
-# Cell-marker labels are spaced for it, so they cannot overlap on any wider plot.
-INLINE_PLOT_WIDTH_PX = 480
-COMPACT_PLOT_WIDTH_PX = 170
+# The figure's CSS min-width (inline: a narrow notebook; compact: a 250 px sidebar) less its left and
+# right margins: the plot is never drawn narrower. Cell-marker labels are spaced for that width, so
+# they cannot overlap on the wider plot the page really draws.
+PLOT_MARGIN_LEFT_PX = 56
+PLOT_MARGIN_RIGHT_PX = 30
+INLINE_FIGURE_MIN_WIDTH_PX = 480
+COMPACT_FIGURE_MIN_WIDTH_PX = 200
+INLINE_PLOT_WIDTH_PX = INLINE_FIGURE_MIN_WIDTH_PX - PLOT_MARGIN_LEFT_PX - PLOT_MARGIN_RIGHT_PX
+COMPACT_PLOT_WIDTH_PX = COMPACT_FIGURE_MIN_WIDTH_PX - PLOT_MARGIN_LEFT_PX - PLOT_MARGIN_RIGHT_PX
 
 
 class PanelOptions(NamedTuple):

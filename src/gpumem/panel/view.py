@@ -19,7 +19,16 @@ import numpy as np
 
 from gpumem.core.sources import DeviceInfo
 from gpumem.panel.curves import CAPACITY_COLOR, MARK_COLOR, CurveFrame, render_legend
-from gpumem.panel.options import DEFAULT_WINDOW_S, WINDOW_PRESETS, PanelOptions, window_label
+from gpumem.panel.options import (
+    COMPACT_FIGURE_MIN_WIDTH_PX,
+    DEFAULT_WINDOW_S,
+    INLINE_FIGURE_MIN_WIDTH_PX,
+    PLOT_MARGIN_LEFT_PX,
+    PLOT_MARGIN_RIGHT_PX,
+    WINDOW_PRESETS,
+    PanelOptions,
+    window_label,
+)
 
 __all__ = ["ALL_DEVICES", "ControlValues", "PanelView"]
 
@@ -156,16 +165,18 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             x=np.zeros(0), y=np.zeros(0), text=np.zeros(0, dtype=str), scales=scales, colors=[MARK_COLOR],
             default_size=11.0, align="end", x_offset=-3, y_offset=11, visible=False,
         )  # fmt: skip
+        min_width = COMPACT_FIGURE_MIN_WIDTH_PX if compact else INLINE_FIGURE_MIN_WIDTH_PX
         return bqplot.Figure(
             marks=[self._cell_lines, self._curves, self._capacity, self._cell_labels],
             axes=[self._x_axis, self._y_axis],
-            fig_margin={"top": 10, "bottom": 26, "left": 56, "right": 30},
+            fig_margin={"top": 10, "bottom": 26, "left": PLOT_MARGIN_LEFT_PX, "right": PLOT_MARGIN_RIGHT_PX},
             padding_y=0.0,
             animation_duration=0,
             display_toolbar=False,
             min_aspect_ratio=0.0,
             max_aspect_ratio=100.0,
-            layout=widgets.Layout(width="100%", height="200px" if compact else "250px", min_width="160px"),
+            # Marker labels are spaced for the narrowest plot this min-width allows.
+            layout=widgets.Layout(width="100%", height="200px" if compact else "250px", min_width=f"{min_width}px"),
         )
 
     def _build_controls(self, options: PanelOptions) -> tuple[Any, Any]:
