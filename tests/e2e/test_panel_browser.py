@@ -428,7 +428,6 @@ def _full_scale_and_host_rss(page: Page) -> None:
     """Without a GPU: full scale puts the axis at the machine's RAM; the host curve is what is plotted."""
     probe = run_cell(page, "import psutil\nprint('total', psutil.virtual_memory().total)")
     total = int(re.search(r"total (\d+)", wait_for_output(probe, "total")).group(1))  # type: ignore[union-attr]
-    page.locator(f"{PANEL} .widget-checkbox", has_text="full scale").first.locator("input").check()
 
     def axis_top() -> float:
         axis = page.evaluate(_Y_TICKS_JS, PANEL)
@@ -436,6 +435,7 @@ def _full_scale_and_host_rss(page: Page) -> None:
         return max(axis["ticks"]) * unit_bytes if axis["ticks"] else 0.0
 
     assert axis_top() < total / 4, "the axis already spans the machine's RAM: the check proves nothing"
+    page.locator(f"{PANEL} .widget-checkbox", has_text="full scale").first.locator("input").check()
 
     top = _wait_for(lambda: (t := axis_top()) >= total and t, 20, "the axis to reach the machine's RAM", page)
     assert top <= 1.3 * total, f"full scale put the axis at {top / GIB:.1f} GiB for {total / GIB:.1f} GiB of RAM"
