@@ -19,13 +19,20 @@ _MAX_PARTNERS_NAMED = 3
 
 
 def attribute(
-    roots: list[Root], sizes: Mapping[StorageKey, int], incomplete: Collection[int] = ()
+    roots: list[Root],
+    sizes: Mapping[StorageKey, int],
+    incomplete: Collection[int] = (),
+    graph_saved: Mapping[int, int] | None = None,
 ) -> list[tuple[bool, Holder]]:
-    """``(hidden, row)`` for every root that reaches memory, largest first."""
+    """``(hidden, row)`` for every root that reaches memory, largest first.
+
+    ``graph_saved`` maps ``id(root)`` to the bytes only that root's autograd graphs keep.
+    """
     ledger = _Ledger(roots, sizes)
+    saved = graph_saved or {}
     rows: list[tuple[bool, Holder]] = []
     for root in roots:
-        row = ledger.row(root, complete=id(root) not in incomplete)
+        row = ledger.row(root, complete=id(root) not in incomplete, graph_saved_bytes=saved.get(id(root), 0))
         if row is not None:
             rows.append((root.hidden, row))
     rows.sort(key=lambda pair: (-pair[1].nbytes, -pair[1].shared_bytes, pair[1].name))
@@ -75,7 +82,7 @@ class _Ledger:
                 self.moved[key] = root
                 self.state_holders.setdefault(id(param_owner), set()).add(root.name)
 
-    def row(self, root: Root, *, complete: bool) -> Holder | None:
+    def row(self, root: Root, *, complete: bool, graph_saved_bytes: int = 0) -> Holder | None:
         """The row of ``root``; None when it reaches no memory at all."""
         sizes, owner, moved, reachers = self.sizes, self.owner, self.moved, self.reachers
         owned = 0
@@ -99,21 +106,26 @@ class _Ledger:
                 partners[holder.name] = None
         if not owned and not shared:
             return None
+        partner_names = tuple(partners)
+        notes = self._notes(root, owned=owned, partner_names=partner_names)
         return Holder(
-            name=root.name,
-            type_name=root.type_name,
-            device=",".join(sorted(devices)),
-            nbytes=owned,
-            shared_bytes=shared,
-            tensor_count=len(root.tensor_ids),
-            graph_paths=tuple(root.graph_paths),
-            breakdown=breakdown,
-            shared_with=tuple(partners),
-            note="; ".join(self._notes(root, owned=owned, partner_names=tuple(partners))),
-            complete=complete,
+            root.name,
+            root.type_name,
+            next(iter(devices)) if len(devices) == 1 else ",".join(sorted(devices)),
+            owned,
+            shared,
+            len(root.tensor_ids),
+            tuple(root.graph_paths),
+            breakdown,
+            partner_names,
+            notes[0] if len(notes) == 1 else "; ".join(notes),
+            complete,
+            graph_saved_bytes,
         )
 
     def _notes(self, root: Root, *, owned: int, partner_names: tuple[str, ...]) -> list[str]:
+        if owned and not root.note and id(root) not in self.state_holders:
+            return []
         notes: list[str] = [root.note] if root.note else []
         if id(root) in self.state_holders:
             notes.append("optimizer state held by " + ", ".join(sorted(self.state_holders[id(root)])))

@@ -90,9 +90,7 @@ def find_holders(
     saved_per_root, _, graph_notes = saved_by_graphs(torch, walker, roots)
     walker.truncation.extend(graph_notes)
     memory = _memory_readings(source, devices)
-    rows = attribute(roots, walker.sizes, walker.incomplete)
-    saved_by_row = {(root.hidden, root.name): saved_per_root.get(id(root), 0) for root in roots}
-    rows = [(hidden, row._replace(graph_saved_bytes=saved_by_row.get((hidden, row.name), 0))) for hidden, row in rows]
+    rows = attribute(roots, walker.sizes, walker.incomplete, saved_per_root)
     return _report(walker, rows, devices, memory, cycles=cycle_report, started=started)
 
 
