@@ -31,6 +31,7 @@ from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.holders.tensors import DeviceFilter
 from gpumem.core.holders.walk import OutOfTimeError, Root, Walker, walk_root
 from gpumem.core.runtime import cuda_source, ipython_shell
+from gpumem.core.sources import SystemSource
 from gpumem.core.torch_state import no_device_reason
 from gpumem.core.units import format_bytes
 from gpumem.core.workspaces import WorkspaceSizes, workspace_sizes
@@ -215,7 +216,9 @@ def _memory_readings(source: Any, devices: DeviceFilter) -> _Memory:
     """PyTorch's ``memory_allocated`` summed over the filtered CUDA devices, and each device's NVML split."""
     if devices.kind not in (None, "cuda"):
         return _Memory(None)
-    real = source is None
+    # This process's own allocator (the default, or the real source a cell tracker passes): its blocks and
+    # workspace sizes can be read too. A fake or remote source's figures are not this process's.
+    real = source is None or isinstance(source, SystemSource)
     source = cuda_source(source)
     if source is None:
         return _Memory(None)
