@@ -3,6 +3,8 @@
 The kinds come from the holder walk the cell already ran for its variables; they are compared with
 the kinds of the walk before (the cell's own start for ``%%gpumem``). Only walks that covered the
 whole namespace count: a walk of the changed names alone cannot sum every kind, so it says nothing.
+Automatic mode therefore walks the whole namespace after every cell that changed allocated memory by
+at least :data:`KIND_LINE_MIN_BYTES` (and only after those: a trivial cell costs nothing more).
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ from typing import Any
 from gpumem.core.cells.record import KindChange
 from gpumem.core.units import MIB, format_delta
 
-__all__ = ["KIND_LINE_MIN_BYTES", "KindChange", "Kinds", "kind_changes", "kinds_line", "read_kinds", "shown_kinds"]
+__all__ = [
+    "KIND_LINE_MIN_BYTES",
+    "KindChange",
+    "Kinds",
+    "kind_changes",
+    "kinds_brief",
+    "kinds_line",
+    "read_kinds",
+    "shown_kinds",
+]
 
 KIND_LINE_MIN_BYTES = MIB  # a kind is shown in the report when it changed by at least this much
 
@@ -52,6 +63,16 @@ def kinds_line(changes: Sequence[KindChange], since: str) -> str:
         return ""
     parts = ", ".join(f"{_short(change.kind)} {format_delta(change.delta_bytes)}" for change in shown)
     return f"by kind ({since}): {parts}"
+
+
+def kinds_brief(changes: Sequence[KindChange], limit: int = 2) -> str:
+    """The ``limit`` largest kind changes for a one-line summary: ``optimizer state +8.0 MiB, gradients +4.0 MiB
+    (+1 more)``; "" when none changed by :data:`KIND_LINE_MIN_BYTES`."""
+    shown = sorted(shown_kinds(changes), key=lambda change: -abs(change.delta_bytes))
+    if not shown:
+        return ""
+    text = ", ".join(f"{_short(change.kind)} {format_delta(change.delta_bytes)}" for change in shown[:limit])
+    return f"{text} (+{len(shown) - limit} more)" if len(shown) > limit else text
 
 
 def _short(kind: str) -> str:
