@@ -256,7 +256,6 @@ class VariableAttribution:
             return self.attribute(namespace, options.devices, None)
         return Attribution(held, part.note, True)
 
-
     def _wants_kinds(self, devices: Sequence[DeviceChange]) -> bool:
         """Whether the cell changed allocated memory enough for a by-kind line, which needs a whole walk: a
         cell such as ``opt.step()`` rebinds no name, so a walk of the changed names would say nothing."""

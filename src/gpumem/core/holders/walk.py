@@ -415,7 +415,6 @@ class Walker:
             self.tensor(gradient, f"{path}.grad", rank, GRADIENTS)
         return keys
 
-
     def graph_start(self, node: Any) -> None:
         """A reached tensor's ``grad_fn`` (the graph walk overrides this to remember it)."""
 
