@@ -462,3 +462,37 @@ def test_a_model_and_adamw_by_kind_and_the_gradients_note(gpu: Any) -> None:
     assert run_cell_capture(gpu, step)[0].success
     assert last().notes == ()
     assert _kind_deltas(last()).get("gradients") == -params
+
+
+def test_automatic_mode_names_the_kinds_of_backward_and_step_cells(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    params = (4096 * 4096 + 4096) * 4
+    setup = "model = torch.nn.Linear(4096, 4096, device='cuda:0')\nopt = torch.optim.AdamW(model.parameters())"
+    assert gpu.run_cell(setup).success
+    torch._C._cuda_clearCublasWorkspaces()  # the backward cell then makes both of its workspaces
+    torch.cuda.empty_cache()
+    assert gpu.run_cell("%config GpuMem.threshold_bytes = 1048576").success
+    assert gpu.run_cell("%gpumem auto on").success
+    first = "warm = torch.empty(1 << 20, dtype=torch.uint8, device='cuda:0')"  # 1 MiB: a first walk to compare with
+    assert run_cell_capture(gpu, first)[0].success
+    assert _kind_deltas(last()) == {}  # the first walk has nothing to compare with: no kinds, no guess
+    result, cap = run_cell_capture(gpu, "model(torch.randn(64, 4096, device='cuda:0')).sum().backward()")
+    assert result.success
+    deltas = {kind: delta for kind, delta in _kind_deltas(last()).items() if delta}
+    # Gradients, and the cuBLAS workspaces of the main thread (forward) and of autograd's thread (backward).
+    assert set(deltas) == {"gradients", "cuBLAS workspaces"}, deltas
+    assert deltas["gradients"] == params
+    assert deltas["cuBLAS workspaces"] == device0(last()).allocated_delta_bytes - params
+    if torch.cuda.get_device_capability(0) == (9, 0) and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        assert deltas["cuBLAS workspaces"] == 2 * 32 * MIB
+    assert "; by kind gradients +64.0 MiB" in cap.outputs[-1].data["text/plain"]
+    result, cap = run_cell_capture(gpu, "opt.step()")  # rebinds nothing: the whole namespace is walked
+    assert result.success
+    deltas = {kind: delta for kind, delta in _kind_deltas(last()).items() if delta}
+    assert deltas == {"optimizer state": 2 * params}  # exp_avg, exp_avg_sq; AdamW's `step` is on the CPU
+    assert last().kinds_since.startswith("since cell [")
+    assert "; by kind optimizer state +128.0 MiB" in cap.outputs[-1].data["text/plain"]
+    walks = dict(_extension.get_state().tracker.walks)  # type: ignore[union-attr]
+    assert run_cell_capture(gpu, "n = 1")[0].success  # memory unchanged: no walk at all
+    assert _extension.get_state().tracker.walks == walks  # type: ignore[union-attr]
+    assert gpu.run_cell("%gpumem auto off").success
