@@ -48,6 +48,7 @@ class _Ledger:
         self.reachers: dict[StorageKey, list[Root]] = {}
         self.moved: dict[StorageKey, Root] = {}  # optimizer state storage -> the root it was taken from
         self.state_holders: dict[int, set[str]] = {}  # id(new owner) -> names of the optimizers it took state from
+        self._totals: dict[int, int] = {}  # id(root) -> bytes it reaches, for the roots that compete for a storage
         self._choose_owners(roots)
         self._move_optimizer_state(roots)
         self.owned_keys: dict[int, list[StorageKey]] = {}
@@ -55,17 +56,28 @@ class _Ledger:
             self.owned_keys.setdefault(id(holder), []).append(key)
 
     def _choose_owners(self, roots: list[Root]) -> None:
-        reach_total = {id(root): sum(self.sizes[key] for key in root.reach) for root in roots}
+        owner, reachers = self.owner, self.reachers
         for root in roots:
             for key, edge in root.reach.items():
-                self.reachers.setdefault(key, []).append(root)
-                current = self.owner.get(key)
-                if current is None or (edge.rank, -reach_total[id(root)], root.order) < (
+                current = owner.get(key)
+                if current is None:  # the common case: the first (often the only) root reaching it
+                    owner[key] = root
+                    reachers[key] = [root]
+                    continue
+                reachers[key].append(root)
+                if (edge.rank, -self._reach_total(root), root.order) < (
                     current.reach[key].rank,
-                    -reach_total[id(current)],
+                    -self._reach_total(current),
                     current.order,
                 ):
-                    self.owner[key] = root
+                    owner[key] = root
+
+    def _reach_total(self, root: Root) -> int:
+        """All the memory ``root`` reaches (the tie-break between equally direct roots), computed once."""
+        total = self._totals.get(id(root))
+        if total is None:
+            total = self._totals[id(root)] = sum(self.sizes[key] for key in root.reach)
+        return total
 
     def _move_optimizer_state(self, roots: list[Root]) -> None:
         """Optimizer state goes to the row that owns the parameter it belongs to (a module, usually)."""

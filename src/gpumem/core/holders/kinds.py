@@ -36,9 +36,13 @@ def kind_totals(
     user_rows: list[Holder], hidden_bytes: int, graph_saved_bytes: int, remainder: Remainder | None
 ) -> tuple[KindTotal, ...]:
     """The by-kind summary; kinds with no bytes are left out (except an unexplained remainder below zero)."""
+    by_category: dict[str, int] = {}
+    for row in user_rows:
+        for category, nbytes in row.breakdown.items():
+            by_category[category] = by_category.get(category, 0) + nbytes
     totals: list[KindTotal] = []
     for categories in _ROW_KINDS:
-        nbytes = sum(row.breakdown.get(category, 0) for row in user_rows for category in categories)
+        nbytes = sum(by_category.get(category, 0) for category in categories)
         name = OTHER_TENSORS if categories[0] == TENSORS else categories[0]
         totals.append(KindTotal(name, nbytes))
     totals.append(KindTotal(ACTIVATIONS, graph_saved_bytes, "freed by backward(), or when the output is deleted"))
