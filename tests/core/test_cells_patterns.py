@@ -241,3 +241,16 @@ def test_host_memory_growing_alike_on_three_reruns_is_a_leak(fake: FakeSource) -
         fake.set_host_rss(rss)
         assert not tracker.end(cell).warnings
     tracker.close()
+
+
+def test_a_workspace_estimate_stays_labelled_one_in_the_kinds_line() -> None:
+    from gpumem.core.cells.kinds import kind_changes, kinds_brief, kinds_line, read_kinds
+    from gpumem.core.holders.model import KindTotal
+
+    before = read_kinds(type("R", (), {"kinds": (KindTotal("cuBLAS workspaces", 32 * MIB, "", estimate=False),)})())
+    after = read_kinds(type("R", (), {"kinds": (KindTotal("cuBLAS workspaces", 64 * MIB, "", estimate=True),)})())
+    assert after == (("cuBLAS workspaces (estimate)", 64 * MIB),)
+    (change,) = kind_changes(before, after)  # one kind, compared across the two walks
+    assert (change.kind, change.delta_bytes) == ("cuBLAS workspaces (estimate)", 32 * MIB)
+    assert kinds_line((change,), "since cell [1]") == "by kind (since cell [1]): cuBLAS workspaces (estimate) +32.0 MiB"
+    assert kinds_brief((change,)) == "cuBLAS workspaces (estimate) +32.0 MiB"

@@ -16,6 +16,7 @@ from gpumem.core.cells.record import KindChange
 from gpumem.core.units import MIB, format_delta
 
 __all__ = [
+    "ESTIMATE",
     "KIND_LINE_MIN_BYTES",
     "KindChange",
     "Kinds",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 KIND_LINE_MIN_BYTES = MIB  # a kind is shown in the report when it changed by at least this much
+ESTIMATE = " (estimate)"  # after a kind inferred from sizes alone (workspaces the allocator's blocks did not confirm)
 
 Kinds = tuple[tuple[str, int], ...]
 
@@ -40,15 +42,28 @@ def read_kinds(report: Any) -> Kinds:
     for total in totals:
         kind, nbytes = getattr(total, "kind", None), getattr(total, "nbytes", None)
         if isinstance(kind, str) and isinstance(nbytes, int):
-            found.append((kind, nbytes))
+            found.append((kind + ESTIMATE if getattr(total, "estimate", False) is True else kind, nbytes))
     return tuple(found)
 
 
 def kind_changes(before: Kinds, after: Kinds) -> tuple[KindChange, ...]:
-    """Every kind present before or after, in the walk's order (after's kinds first), changed or not."""
-    old, new = dict(before), dict(after)
-    order = [kind for kind, _ in after] + [kind for kind, _ in before if kind not in new]
-    return tuple(KindChange(kind, old.get(kind, 0), new.get(kind, 0)) for kind in order)
+    """Every kind present before or after, in the walk's order (after's kinds first), changed or not; a kind
+    that was an estimate on either side is labelled one."""
+    old, new = _by_base(before), _by_base(after)
+    estimated = {_base(kind) for kind, _ in (*before, *after) if kind.endswith(ESTIMATE)}
+    order = list(new) + [kind for kind in old if kind not in new]
+    return tuple(
+        KindChange(kind + ESTIMATE if kind in estimated else kind, old.get(kind, 0), new.get(kind, 0))
+        for kind in order
+    )
+
+
+def _base(kind: str) -> str:
+    return kind.removesuffix(ESTIMATE)
+
+
+def _by_base(kinds: Kinds) -> dict[str, int]:
+    return {_base(kind): nbytes for kind, nbytes in kinds}
 
 
 def shown_kinds(changes: Sequence[KindChange], min_bytes: int = KIND_LINE_MIN_BYTES) -> list[KindChange]:
@@ -76,5 +91,6 @@ def kinds_brief(changes: Sequence[KindChange], limit: int = 2) -> str:
 
 
 def _short(kind: str) -> str:
-    """``activations (saved by autograd graphs)`` -> ``activations`` (the report is one line)."""
-    return kind.split(" (", 1)[0]
+    """``activations (saved by autograd graphs)`` -> ``activations`` (the report is one line); an estimate
+    stays labelled one."""
+    return kind.split(" (", 1)[0] + (ESTIMATE if kind.endswith(ESTIMATE) else "")

@@ -48,7 +48,8 @@ def kind_totals(
     totals.append(KindTotal(ACTIVATIONS, graph_saved_bytes, "freed by backward(), or when the output is deleted"))
     totals.append(KindTotal(IPYTHON_HELD, hidden_bytes, f"released by {FREE_COMMAND}"))
     if remainder is not None:
-        totals.append(KindTotal(WORKSPACES, remainder.workspace_bytes, workspace_note(remainder)))
+        estimate = bool(remainder.workspace_bytes) and not remainder.workspaces_confirmed
+        totals.append(KindTotal(WORKSPACES, remainder.workspace_bytes, workspace_note(remainder), estimate))
         rounding_note = "blocks are 512-byte multiples" + ("" if remainder.blocks_read else " (computed from sizes)")
         totals.append(KindTotal(ROUNDING, remainder.rounding_bytes, rounding_note))
         totals.append(KindTotal(UNATTRIBUTED, remainder.unexplained_bytes, _unexplained_note(remainder)))
