@@ -65,3 +65,23 @@ def test_a_bad_size_is_refused_alone_in_one_line(
     finally:
         ip.run_cell("%unload_ext gpumem")
         del ip.config["GpuMem"]
+
+
+def test_a_bad_size_at_run_time_is_one_logged_line_and_the_value_kept(
+    ip: Any, fake_monitor: Monitor, caplog: pytest.LogCaptureFixture
+) -> None:
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        state = _extension.get_state()
+        assert state is not None
+        caplog.clear()
+        _result, cap = run_cell_capture(ip, "%config GpuMem.pattern_min_bytes = '12 parsecs'")
+        assert cap.stdout + cap.stderr == ""
+        (record,) = caplog.records
+        message = record.getMessage()
+        assert "pattern_min_bytes: expected a size such as 64MiB, 1GiB or 500MB, not '12 parsecs'" in message
+        assert len(message.splitlines()) == 1 and record.exc_info is None
+        assert state.tracker.pattern_min_bytes == 64 * MIB
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        ip.config.pop("GpuMem", None)

@@ -53,8 +53,7 @@ def kind_changes(before: Kinds, after: Kinds) -> tuple[KindChange, ...]:
     estimated = {_base(kind) for kind, _ in (*before, *after) if kind.endswith(ESTIMATE)}
     order = list(new) + [kind for kind in old if kind not in new]
     return tuple(
-        KindChange(kind + ESTIMATE if kind in estimated else kind, old.get(kind, 0), new.get(kind, 0))
-        for kind in order
+        KindChange(kind + ESTIMATE if kind in estimated else kind, old.get(kind, 0), new.get(kind, 0)) for kind in order
     )
 
 
