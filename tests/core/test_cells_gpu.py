@@ -428,19 +428,27 @@ def test_a_model_and_adamw_by_kind_and_the_gradients_note(gpu: Any) -> None:
         "opt.step()\n"
         "torch.cuda.synchronize(0)"
     )
+    torch = gpu.user_ns["torch"]
+    torch._C._cuda_clearCublasWorkspaces()  # every workspace this cell needs is then made by it
+    torch.cuda.empty_cache()
     result, cap = run_cell_capture(gpu, cell)
     assert result.success
     record = last()
     params = (4096 * 4096 + 4096) * 4
     deltas = _kind_deltas(record)
-    # exp_avg + exp_avg_sq on the GPU; AdamW's `step` lives on the CPU. The first matmul of the process
-    # may add a cuBLAS workspace (32 MiB on an H200), which is its own kind.
+    # exp_avg + exp_avg_sq on the GPU; AdamW's `step` lives on the CPU.
     assert {kind: deltas.get(kind) for kind in ("parameters", "gradients", "optimizer state")} == {
         "parameters": params,
         "gradients": params,
         "optimizer state": 2 * params,
     }
-    assert set(deltas) <= {"parameters", "gradients", "optimizer state", "cuBLAS workspaces"}, deltas
+    # The forward's matmul makes a cuBLAS workspace for the main thread's handle, backward another for
+    # autograd's device thread (workspaces are kept per handle and stream; handles per thread). Both are
+    # named from the allocator's blocks: nothing is left unattributed.
+    assert set(deltas) == {"parameters", "gradients", "optimizer state", "cuBLAS workspaces"}, deltas
+    assert deltas["cuBLAS workspaces"] == device0(record).allocated_delta_bytes - 4 * params
+    if torch.cuda.get_device_capability(0) == (9, 0) and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        assert deltas["cuBLAS workspaces"] == 2 * 32 * MIB
     text = cap.outputs[-1].data["text/plain"]
     assert (
         "by kind (since the start of the cell): parameters +64.0 MiB, gradients +64.0 MiB, optimizer state +128.0 MiB"
@@ -454,3 +462,37 @@ def test_a_model_and_adamw_by_kind_and_the_gradients_note(gpu: Any) -> None:
     assert run_cell_capture(gpu, step)[0].success
     assert last().notes == ()
     assert _kind_deltas(last()).get("gradients") == -params
+
+
+def test_automatic_mode_names_the_kinds_of_backward_and_step_cells(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    params = (4096 * 4096 + 4096) * 4
+    setup = "model = torch.nn.Linear(4096, 4096, device='cuda:0')\nopt = torch.optim.AdamW(model.parameters())"
+    assert gpu.run_cell(setup).success
+    torch._C._cuda_clearCublasWorkspaces()  # the backward cell then makes both of its workspaces
+    torch.cuda.empty_cache()
+    assert gpu.run_cell("%config GpuMem.threshold_bytes = 1048576").success
+    assert gpu.run_cell("%gpumem auto on").success
+    first = "warm = torch.empty(1 << 20, dtype=torch.uint8, device='cuda:0')"  # 1 MiB: a first walk to compare with
+    assert run_cell_capture(gpu, first)[0].success
+    assert _kind_deltas(last()) == {}  # the first walk has nothing to compare with: no kinds, no guess
+    result, cap = run_cell_capture(gpu, "model(torch.randn(64, 4096, device='cuda:0')).sum().backward()")
+    assert result.success
+    deltas = {kind: delta for kind, delta in _kind_deltas(last()).items() if delta}
+    # Gradients, and the cuBLAS workspaces of the main thread (forward) and of autograd's thread (backward).
+    assert set(deltas) == {"gradients", "cuBLAS workspaces"}, deltas
+    assert deltas["gradients"] == params
+    assert deltas["cuBLAS workspaces"] == device0(last()).allocated_delta_bytes - params
+    if torch.cuda.get_device_capability(0) == (9, 0) and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        assert deltas["cuBLAS workspaces"] == 2 * 32 * MIB
+    assert "; by kind gradients +64.0 MiB" in cap.outputs[-1].data["text/plain"]
+    result, cap = run_cell_capture(gpu, "opt.step()")  # rebinds nothing: the whole namespace is walked
+    assert result.success
+    deltas = {kind: delta for kind, delta in _kind_deltas(last()).items() if delta}
+    assert deltas == {"optimizer state": 2 * params}  # exp_avg, exp_avg_sq; AdamW's `step` is on the CPU
+    assert last().kinds_since.startswith("since cell [")
+    assert "; by kind optimizer state +128.0 MiB" in cap.outputs[-1].data["text/plain"]
+    walks = dict(_extension.get_state().tracker.walks)  # type: ignore[union-attr]
+    assert run_cell_capture(gpu, "n = 1")[0].success  # memory unchanged: no walk at all
+    assert _extension.get_state().tracker.walks == walks  # type: ignore[union-attr]
+    assert gpu.run_cell("%gpumem auto off").success

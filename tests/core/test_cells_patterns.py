@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpumem.core.cells import CellOptions, CellTracker
-from gpumem.core.cells.report import CellReport, record_to_dict
+from gpumem.core.cells.report import CellReport, CellSummary, HistoryTable, record_to_dict
 from gpumem.core.monitor import Monitor
 from gpumem.core.sampler import channels_of
 from gpumem.testing import MIB, FakeSource
@@ -87,6 +87,11 @@ def test_kept_gradients_are_a_note_when_an_optimizer_exists(fake: FakeSource) ->
     assert note.startswith("gradients are kept after the cell (1.0 MiB: `model` 1.0 MiB); optimizer.zero_grad(")
     assert not [w for w in record.warnings if "gradient" in w.message]  # information, not a warning
     assert "\u2139 gradients are kept" in repr(CellReport(record))
+    summary = repr(CellSummary(record))  # one line: the kinds, and the note's first clause
+    assert "; by kind gradients +1.0 MiB" in summary
+    assert summary.endswith(" \u2139 gradients are kept after the cell (1.0 MiB: `model` 1.0 MiB)"), summary
+    history = repr(HistoryTable([record]))
+    assert "by kind" in history and "gradients +1.0 MiB" in history and "\u2139 1 note" in history
     tracker.close()
 
 
@@ -110,20 +115,46 @@ def test_automatic_mode_compares_with_the_last_whole_walk_and_says_nothing_other
     assert kinds_of(second) == {"other tensors": 3 * MIB}
     assert second.kinds_since == "since cell [1]"
 
-    tracker.incremental = True  # walks only the changed names: not every kind is summed
-    cell = tracker.begin("third")
-    ns["c"] = torch.zeros(MIB)
-    fake.allocate(8 * MIB)
+    tracker.incremental = True  # walks only the changed names, unless allocated memory changed by 1 MiB or more
+    cell = tracker.begin("third", options=CellOptions(attribute=True))
+    ns["c"] = torch.zeros(1000)
+    fake.allocate(4000)  # too little for a by-kind line: only the changed names are walked, no kind is summed
     third = tracker.end(cell, namespace=ns, execution_count=3)
     assert [v.name for v in third.variables] == ["c"]
     assert third.kinds == () and third.kinds_since == ""
     cell = tracker.begin("fourth")  # compared with the last whole walk, two cells back
-    tracker.incremental = False
     ns["d"] = torch.zeros(MIB)
     fake.allocate(8 * MIB)
     fourth = tracker.end(cell, namespace=ns, execution_count=4)
-    assert kinds_of(fourth) == {"other tensors": 8 * MIB}
+    assert kinds_of(fourth) == {"other tensors": 4 * MIB + 4000}
     assert fourth.kinds_since == "since cell [2]"
+
+
+def test_automatic_mode_names_kinds_of_a_cell_that_rebinds_nothing(tracker: CellTracker, fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(1024, 1024)
+    ns: dict[str, Any] = {"model": model, "opt": torch.optim.Adam(model.parameters())}
+    params = (1024 * 1024 + 1024) * 4
+    cell = tracker.begin("first")
+    fake.allocate(2 * MIB)
+    tracker.end(cell, namespace=ns, execution_count=1)
+    cell = tracker.begin("x = ...; model(x).sum().backward()")  # `x` explains the growth; only a whole walk
+    ns["x"] = torch.zeros(2 * MIB // 4)  # sees the gradients of the model, which was not rebound
+    model(torch.randn(8, 1024)).sum().backward()
+    fake.allocate(2 * MIB)
+    record = tracker.end(cell, namespace=ns, execution_count=2)
+    assert {k: v for k, v in kinds_of(record).items() if v} == {"gradients": params, "other tensors": 2 * MIB}
+    assert record.kinds_since == "since cell [1]"
+    cell = tracker.begin("opt.step()")
+    ns["opt"].step()
+    fake.allocate(2 * MIB)
+    record = tracker.end(cell, namespace=ns, execution_count=3)
+    assert {k: v for k, v in kinds_of(record).items() if v} == {"optimizer state": 2 * params + 2 * 4}  # + steps
+    assert "by kind (since cell [2]): optimizer state +8.0 MiB" in repr(CellReport(record))
+    walks = dict(tracker.walks)
+    cell = tracker.begin("trivial")  # memory did not change: no walk at all
+    tracker.end(cell, namespace=ns, execution_count=4)
+    assert tracker.walks == walks
 
 
 def test_activations_kept_by_a_list_of_losses(tracker: CellTracker, fake: FakeSource) -> None:
@@ -210,3 +241,16 @@ def test_host_memory_growing_alike_on_three_reruns_is_a_leak(fake: FakeSource) -
         fake.set_host_rss(rss)
         assert not tracker.end(cell).warnings
     tracker.close()
+
+
+def test_a_workspace_estimate_stays_labelled_one_in_the_kinds_line() -> None:
+    from gpumem.core.cells.kinds import kind_changes, kinds_brief, kinds_line, read_kinds
+    from gpumem.core.holders.model import KindTotal
+
+    before = read_kinds(type("R", (), {"kinds": (KindTotal("cuBLAS workspaces", 32 * MIB, "", estimate=False),)})())
+    after = read_kinds(type("R", (), {"kinds": (KindTotal("cuBLAS workspaces", 64 * MIB, "", estimate=True),)})())
+    assert after == (("cuBLAS workspaces (estimate)", 64 * MIB),)
+    (change,) = kind_changes(before, after)  # one kind, compared across the two walks
+    assert (change.kind, change.delta_bytes) == ("cuBLAS workspaces (estimate)", 32 * MIB)
+    assert kinds_line((change,), "since cell [1]") == "by kind (since cell [1]): cuBLAS workspaces (estimate) +32.0 MiB"
+    assert kinds_brief((change,)) == "cuBLAS workspaces (estimate) +32.0 MiB"

@@ -148,3 +148,26 @@ def test_kept_losses_and_gradients_are_named_with_the_fix(fake_shell: Any) -> No
     )
     text = _outputs(run_cell_capture(fake_shell, cell)[1])
     assert "gradients are kept after the cell (1.0 MiB: `model` 1.0 MiB); optimizer.zero_grad(set_to_none=True)" in text
+
+
+def test_automatic_mode_names_kinds_of_cells_that_rebind_no_tensor(fake_shell: Any) -> None:
+    torch = pytest.importorskip("torch")
+    fake_shell.user_ns["torch"] = torch
+    run_cell_capture(fake_shell, "%config GpuMem.threshold_bytes = 1048576")
+    run_cell_capture(fake_shell, "%gpumem auto on")
+    setup = "model = torch.nn.Linear(1024, 1024)\noptimizer = torch.optim.AdamW(model.parameters())\n"
+    run_cell_capture(fake_shell, setup + "h1 = src.allocate(2 * MIB)")
+    # `x` alone would explain the growth, so a walk of the changed names would look no further: the gradients
+    # are found because the cell changed allocated memory by 1 MiB or more (a whole walk then).
+    cell = "x = torch.zeros(2 * MIB // 4)\nmodel(torch.randn(4, 1024)).sum().backward()\nh2 = src.allocate(2 * MIB)"
+    text = _outputs(run_cell_capture(fake_shell, cell)[1])
+    assert "; by kind gradients +4.0 MiB, other tensors +2.0 MiB" in text, text
+    text = _outputs(run_cell_capture(fake_shell, "optimizer.step()\nh3 = src.allocate(2 * MIB)")[1])
+    assert "; by kind optimizer state +8.0 MiB" in text, text
+    state = _extension.get_state()
+    assert state is not None
+    walks = dict(state.tracker.walks)
+    assert _outputs(run_cell_capture(fake_shell, "n = 1")[1]) == ""  # memory did not change: no walk, no line
+    assert state.tracker.walks == walks
+    history = _outputs(run_cell_capture(fake_shell, "%gpumem history")[1])
+    assert "by kind" in history and "optimizer state +8.0 MiB" in history and "gradients +4.0 MiB" in history

@@ -239,6 +239,34 @@ def test_matmul_workspace_is_named_and_the_rest_is_rounding() -> None:
     del w, v
 
 
+def test_three_workspaces_main_thread_side_stream_and_autograd_thread_are_all_named() -> None:
+    import torch
+
+    from gpumem.core.holders import find_holders
+
+    requires_hopper_defaults()
+    fresh_allocator()
+    before = find_holders({}, device="cuda:0", include_hidden=False).remainder
+    a = torch.randn(256, 256, device="cuda:0", requires_grad=True)  # 262,144 bytes: a multiple of 512
+    b = a @ a  # the main thread's cuBLAS handle on the default stream: workspace 1
+    side = torch.cuda.Stream(0)
+    with torch.cuda.stream(side):
+        c = a.detach() @ a.detach()  # the same handle on another stream: workspace 2
+    side.synchronize()
+    b.sum().backward()  # autograd's device thread has its own handle: workspace 3
+    torch.cuda.synchronize(0)
+    report = find_holders({"a": a, "b": b, "c": c}, device="cuda:0", include_hidden=False)
+    remainder = report.remainder
+    assert remainder is not None and before is not None and remainder.blocks_read
+    assert remainder.workspaces_confirmed
+    assert remainder.workspace_count - before.workspace_count == 3
+    assert remainder.workspace_bytes - before.workspace_bytes == 3 * WORKSPACE
+    assert remainder.unexplained_bytes == before.unexplained_bytes
+    assert report.total_bytes == 4 * 256 * 256 * 4  # a, a.grad, b, c
+    assert "3 x kept by PyTorch for matmuls, matched to allocator blocks" in render(report)
+    del a, b, c
+
+
 def render(report: Any) -> str:
     from gpumem.core.holders import render_text
 

@@ -9,17 +9,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from traitlets import Bool, Enum, Int
+from traitlets import Bool, Enum, Int, TraitError
 from traitlets.config import Config, Configurable
 
 from gpumem.core.cells import CellOptions, CellTracker
+from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES
 from gpumem.core.monitor import Monitor
-from gpumem.core.units import MIB
+from gpumem.core.units import MIB, parse_size
 from gpumem.ipython.arguments import complain
 
 __all__ = ["DEFAULT_TOP", "ExtensionState", "GpuMem"]
 
 DEFAULT_TOP = 5
+
+
+class ByteSize(Int):  # type: ignore[type-arg]
+    """A number of bytes that may also be written as a size: ``"64MiB"``, ``"1 GiB"`` (core/units.py reads it)."""
+
+    info_text = "a number of bytes or a size such as '64MiB'"
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = parse_size(value)
+            except ValueError as error:
+                raise TraitError(f"{self.name}: {error}") from None
+        return super().validate(obj, value)
+
+    def from_string(self, s: str) -> Any:
+        return s  # validate() reads it, so that "64MiB" works on a command line too
 
 
 class GpuMem(Configurable):
@@ -55,6 +73,18 @@ class GpuMem(Configurable):
     leak_min_bytes = Int(MIB, min=1, help="Smallest per-run growth that counts towards a leak warning.").tag(
         config=True
     )
+    host_leak_min_bytes = ByteSize(
+        32 * MIB,
+        min=1,
+        help="Smallest per-run growth of host memory (RSS) that counts towards a leak warning; RSS moves by a few "
+        "MiB on its own. A number of bytes or a size such as '64MiB'.",
+    ).tag(config=True)
+    pattern_min_bytes = ByteSize(
+        STAIRCASE_MIN_BYTES,
+        min=1,
+        help="Smallest growth inside a cell (a staircase) or of kept gradients that is reported. A number of bytes "
+        "or a size such as '64MiB'.",
+    ).tag(config=True)
     record_own_commands = Bool(
         False,
         help="Automatic mode: also measure and record cells that are only %gpumem line magics (status, history, "
@@ -103,6 +133,8 @@ class ExtensionState:
             leak_runs=config.leak_runs,
             leak_min_bytes=config.leak_min_bytes,
             attribute_threshold_bytes=config.attribute_threshold_bytes,
+            host_leak_min_bytes=config.host_leak_min_bytes,
+            pattern_min_bytes=config.pattern_min_bytes,
         )
         self._unload_callbacks: list[Callable[[], None]] = []
 
@@ -132,7 +164,13 @@ class ExtensionState:
         self._keep_setting(name, value)
         if name == "history_size":
             self.tracker.history_size = value
-        elif name in ("leak_runs", "leak_min_bytes", "attribute_threshold_bytes"):
+        elif name in (
+            "leak_runs",
+            "leak_min_bytes",
+            "attribute_threshold_bytes",
+            "host_leak_min_bytes",
+            "pattern_min_bytes",
+        ):
             setattr(self.tracker, name, value)
         if name == "auto":
             if value:

@@ -3,7 +3,9 @@
 The holders walk (:func:`gpumem.core.holders.find_holders`, or any function of the same shape) says
 who holds what now; :class:`VariableAttribution` remembers the previous answer and compares. In
 automatic mode it walks only the names whose value changed since then (by identity, and by length
-for built-in containers), unless that leaves most of the cell's growth unexplained.
+for built-in containers), unless the cell changed allocated memory by at least
+:data:`~gpumem.core.cells.kinds.KIND_LINE_MIN_BYTES` (then the whole namespace, time-bounded like every
+walk, so that the cell's by-kind line can be told) or that leaves most of its growth unexplained.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gpumem.core.cells.kinds import Kinds, kind_changes, read_kinds
+from gpumem.core.cells.kinds import KIND_LINE_MIN_BYTES, Kinds, kind_changes, read_kinds
 from gpumem.core.cells.record import CellOptions, DeviceChange, HeldVariable, KindChange, VariableChange
 from gpumem.core.monitor import Monitor
 from gpumem.core.units import format_bytes
@@ -108,7 +110,8 @@ class VariableAttribution:
 
     def __init__(self, holder_finder: HolderFinder) -> None:
         self.holder_finder = holder_finder
-        self.incremental = True  # automatic mode walks only the names whose value changed
+        self.incremental = True  # automatic mode walks only the names whose value changed...
+        self.kinds_walk_min_bytes = KIND_LINE_MIN_BYTES  # ...unless allocated memory changed this much: walk all
         self.walks = {"full": 0, "changed names": 0}
         self._baseline: dict[str, HeldVariable] = {}
         self._baseline_label = ""
@@ -226,7 +229,7 @@ class VariableAttribution:
         now = signatures(namespace)
         previous = self._signatures
         self._signatures = now
-        if options.mode == "magic" or previous is None or not self.incremental:
+        if options.mode == "magic" or previous is None or not self.incremental or self._wants_kinds(devices):
             return self.attribute(namespace, options.devices, None)
         changed = [name for name, signature in now.items() if previous.get(name) != signature]
         if len(changed) > MAX_CHANGED_NAMES:
@@ -252,6 +255,11 @@ class VariableAttribution:
         if growth >= threshold_bytes and explained < growth // 2:
             return self.attribute(namespace, options.devices, None)
         return Attribution(held, part.note, True)
+
+    def _wants_kinds(self, devices: Sequence[DeviceChange]) -> bool:
+        """Whether the cell changed allocated memory enough for a by-kind line, which needs a whole walk: a
+        cell such as ``opt.step()`` rebinds no name, so a walk of the changed names would say nothing."""
+        return any(abs(change.allocated_delta_bytes) >= self.kinds_walk_min_bytes for change in devices)
 
 
 def _changed_names(before: Signatures | None, after: Signatures | None) -> set[str]:

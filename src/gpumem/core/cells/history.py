@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 from gpumem.core.cells.formatting import STYLE, at_least, cell_label, format_duration
+from gpumem.core.cells.kinds import kinds_brief
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.files import replace_file
 from gpumem.core.units import format_delta
@@ -50,7 +51,7 @@ class HistoryTable:
         header = ["cell", "started", "duration", "status"]
         for device in devices:
             header += [f"cuda:{device} alloc \u0394", f"cuda:{device} peak"]
-        header += ["host \u0394", "warnings", "first line"]
+        header += ["host \u0394", "by kind", "warnings", "first line"]
         rows: list[list[str]] = []
         for record in self.records:
             row = [
@@ -71,7 +72,8 @@ class HistoryTable:
                         format_delta(delta) if change.peak_exact else at_least(delta, ""),
                     ]
             row.append(format_delta(record.host.rss_delta_bytes) if record.host is not None else "n/a")
-            row.append(", ".join(sorted({w.kind for w in record.warnings})) or "")
+            row.append(kinds_brief(record.kinds, limit=1))
+            row.append(_marks(record))
             row.append(record.first_line)
             rows.append(row)
         return header, rows
@@ -113,6 +115,14 @@ class HistoryTable:
         if self.total > len(self.records):
             lines.append(f"(last {len(self.records)} of {self.total} cells; --all shows every one)")
         return "\n".join(line.rstrip() for line in lines)
+
+
+def _marks(record: CellRecord) -> str:
+    """The kinds of the cell's warnings, and a mark when it has notes (its full report has them)."""
+    marks = sorted({warning.kind for warning in record.warnings})
+    if record.notes:
+        marks.append(f"\u2139 {len(record.notes)} note" + ("s" if len(record.notes) > 1 else ""))
+    return ", ".join(marks)
 
 
 def record_to_dict(record: CellRecord) -> dict[str, Any]:

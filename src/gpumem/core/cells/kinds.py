@@ -3,6 +3,8 @@
 The kinds come from the holder walk the cell already ran for its variables; they are compared with
 the kinds of the walk before (the cell's own start for ``%%gpumem``). Only walks that covered the
 whole namespace count: a walk of the changed names alone cannot sum every kind, so it says nothing.
+Automatic mode therefore walks the whole namespace after every cell that changed allocated memory by
+at least :data:`KIND_LINE_MIN_BYTES` (and only after those: a trivial cell costs nothing more).
 """
 
 from __future__ import annotations
@@ -13,9 +15,20 @@ from typing import Any
 from gpumem.core.cells.record import KindChange
 from gpumem.core.units import MIB, format_delta
 
-__all__ = ["KIND_LINE_MIN_BYTES", "KindChange", "Kinds", "kind_changes", "kinds_line", "read_kinds", "shown_kinds"]
+__all__ = [
+    "ESTIMATE",
+    "KIND_LINE_MIN_BYTES",
+    "KindChange",
+    "Kinds",
+    "kind_changes",
+    "kinds_brief",
+    "kinds_line",
+    "read_kinds",
+    "shown_kinds",
+]
 
 KIND_LINE_MIN_BYTES = MIB  # a kind is shown in the report when it changed by at least this much
+ESTIMATE = " (estimate)"  # after a kind inferred from sizes alone (workspaces the allocator's blocks did not confirm)
 
 Kinds = tuple[tuple[str, int], ...]
 
@@ -29,15 +42,27 @@ def read_kinds(report: Any) -> Kinds:
     for total in totals:
         kind, nbytes = getattr(total, "kind", None), getattr(total, "nbytes", None)
         if isinstance(kind, str) and isinstance(nbytes, int):
-            found.append((kind, nbytes))
+            found.append((kind + ESTIMATE if getattr(total, "estimate", False) is True else kind, nbytes))
     return tuple(found)
 
 
 def kind_changes(before: Kinds, after: Kinds) -> tuple[KindChange, ...]:
-    """Every kind present before or after, in the walk's order (after's kinds first), changed or not."""
-    old, new = dict(before), dict(after)
-    order = [kind for kind, _ in after] + [kind for kind, _ in before if kind not in new]
-    return tuple(KindChange(kind, old.get(kind, 0), new.get(kind, 0)) for kind in order)
+    """Every kind present before or after, in the walk's order (after's kinds first), changed or not; a kind
+    that was an estimate on either side is labelled one."""
+    old, new = _by_base(before), _by_base(after)
+    estimated = {_base(kind) for kind, _ in (*before, *after) if kind.endswith(ESTIMATE)}
+    order = list(new) + [kind for kind in old if kind not in new]
+    return tuple(
+        KindChange(kind + ESTIMATE if kind in estimated else kind, old.get(kind, 0), new.get(kind, 0)) for kind in order
+    )
+
+
+def _base(kind: str) -> str:
+    return kind.removesuffix(ESTIMATE)
+
+
+def _by_base(kinds: Kinds) -> dict[str, int]:
+    return {_base(kind): nbytes for kind, nbytes in kinds}
 
 
 def shown_kinds(changes: Sequence[KindChange], min_bytes: int = KIND_LINE_MIN_BYTES) -> list[KindChange]:
@@ -54,6 +79,17 @@ def kinds_line(changes: Sequence[KindChange], since: str) -> str:
     return f"by kind ({since}): {parts}"
 
 
+def kinds_brief(changes: Sequence[KindChange], limit: int = 2) -> str:
+    """The ``limit`` largest kind changes for a one-line summary: ``optimizer state +8.0 MiB, gradients +4.0 MiB
+    (+1 more)``; "" when none changed by :data:`KIND_LINE_MIN_BYTES`."""
+    shown = sorted(shown_kinds(changes), key=lambda change: -abs(change.delta_bytes))
+    if not shown:
+        return ""
+    text = ", ".join(f"{_short(change.kind)} {format_delta(change.delta_bytes)}" for change in shown[:limit])
+    return f"{text} (+{len(shown) - limit} more)" if len(shown) > limit else text
+
+
 def _short(kind: str) -> str:
-    """``activations (saved by autograd graphs)`` -> ``activations`` (the report is one line)."""
-    return kind.split(" (", 1)[0]
+    """``activations (saved by autograd graphs)`` -> ``activations`` (the report is one line); an estimate
+    stays labelled one."""
+    return kind.split(" (", 1)[0] + (ESTIMATE if kind.endswith(ESTIMATE) else "")

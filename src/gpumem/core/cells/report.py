@@ -20,7 +20,7 @@ from gpumem.core.cells.history import (
     write_csv,
     write_json,
 )
-from gpumem.core.cells.kinds import kinds_line
+from gpumem.core.cells.kinds import kinds_brief, kinds_line
 from gpumem.core.cells.record import CellRecord, DeviceChange, HostChange, VariableChange
 from gpumem.core.device_split import device_split_text, split_of
 from gpumem.core.units import format_bytes, format_delta
@@ -280,6 +280,9 @@ def _summary_text(record: CellRecord) -> str:
         )
     if record.host is not None:
         parts.append(f"host {format_delta(record.host.rss_delta_bytes)}")
+    by_kind = kinds_brief(record.kinds)
+    if by_kind:
+        parts.append(f"by kind {by_kind}")
     figures = "; ".join(parts) or "no memory figures (see %gpumem status)"
     line = f"gpumem {cell_label(record)} {format_duration(record.duration_s)}: {figures}"
     if record.status != "ok":
@@ -288,6 +291,9 @@ def _summary_text(record: CellRecord) -> str:
         others = record.warnings[1:]
         more = f" (+{len(others)} more: {', '.join(w.kind for w in others)})" if others else ""
         line += f" {_WARN} {record.warnings[0].message}{more}"
+    elif record.notes:  # information, kept to its first clause: the full report has the rest
+        more = f" (+{len(record.notes) - 1} more)" if len(record.notes) > 1 else ""
+        line += f" {_INFO} {record.notes[0].split(';', 1)[0]}{more}"
     return line
 
 

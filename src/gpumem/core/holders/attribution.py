@@ -19,13 +19,20 @@ _MAX_PARTNERS_NAMED = 3
 
 
 def attribute(
-    roots: list[Root], sizes: Mapping[StorageKey, int], incomplete: Collection[int] = ()
+    roots: list[Root],
+    sizes: Mapping[StorageKey, int],
+    incomplete: Collection[int] = (),
+    graph_saved: Mapping[int, int] | None = None,
 ) -> list[tuple[bool, Holder]]:
-    """``(hidden, row)`` for every root that reaches memory, largest first."""
+    """``(hidden, row)`` for every root that reaches memory, largest first.
+
+    ``graph_saved`` maps ``id(root)`` to the bytes only that root's autograd graphs keep.
+    """
     ledger = _Ledger(roots, sizes)
+    saved = graph_saved or {}
     rows: list[tuple[bool, Holder]] = []
     for root in roots:
-        row = ledger.row(root, complete=id(root) not in incomplete)
+        row = ledger.row(root, complete=id(root) not in incomplete, graph_saved_bytes=saved.get(id(root), 0))
         if row is not None:
             rows.append((root.hidden, row))
     rows.sort(key=lambda pair: (-pair[1].nbytes, -pair[1].shared_bytes, pair[1].name))
@@ -41,6 +48,7 @@ class _Ledger:
         self.reachers: dict[StorageKey, list[Root]] = {}
         self.moved: dict[StorageKey, Root] = {}  # optimizer state storage -> the root it was taken from
         self.state_holders: dict[int, set[str]] = {}  # id(new owner) -> names of the optimizers it took state from
+        self._totals: dict[int, int] = {}  # id(root) -> bytes it reaches, for the roots that compete for a storage
         self._choose_owners(roots)
         self._move_optimizer_state(roots)
         self.owned_keys: dict[int, list[StorageKey]] = {}
@@ -48,17 +56,28 @@ class _Ledger:
             self.owned_keys.setdefault(id(holder), []).append(key)
 
     def _choose_owners(self, roots: list[Root]) -> None:
-        reach_total = {id(root): sum(self.sizes[key] for key in root.reach) for root in roots}
+        owner, reachers = self.owner, self.reachers
         for root in roots:
             for key, edge in root.reach.items():
-                self.reachers.setdefault(key, []).append(root)
-                current = self.owner.get(key)
-                if current is None or (edge.rank, -reach_total[id(root)], root.order) < (
+                current = owner.get(key)
+                if current is None:  # the common case: the first (often the only) root reaching it
+                    owner[key] = root
+                    reachers[key] = [root]
+                    continue
+                reachers[key].append(root)
+                if (edge.rank, -self._reach_total(root), root.order) < (
                     current.reach[key].rank,
-                    -reach_total[id(current)],
+                    -self._reach_total(current),
                     current.order,
                 ):
-                    self.owner[key] = root
+                    owner[key] = root
+
+    def _reach_total(self, root: Root) -> int:
+        """All the memory ``root`` reaches (the tie-break between equally direct roots), computed once."""
+        total = self._totals.get(id(root))
+        if total is None:
+            total = self._totals[id(root)] = sum(self.sizes[key] for key in root.reach)
+        return total
 
     def _move_optimizer_state(self, roots: list[Root]) -> None:
         """Optimizer state goes to the row that owns the parameter it belongs to (a module, usually)."""
@@ -75,7 +94,7 @@ class _Ledger:
                 self.moved[key] = root
                 self.state_holders.setdefault(id(param_owner), set()).add(root.name)
 
-    def row(self, root: Root, *, complete: bool) -> Holder | None:
+    def row(self, root: Root, *, complete: bool, graph_saved_bytes: int = 0) -> Holder | None:
         """The row of ``root``; None when it reaches no memory at all."""
         sizes, owner, moved, reachers = self.sizes, self.owner, self.moved, self.reachers
         owned = 0
@@ -99,21 +118,26 @@ class _Ledger:
                 partners[holder.name] = None
         if not owned and not shared:
             return None
+        partner_names = tuple(partners)
+        notes = self._notes(root, owned=owned, partner_names=partner_names)
         return Holder(
-            name=root.name,
-            type_name=root.type_name,
-            device=",".join(sorted(devices)),
-            nbytes=owned,
-            shared_bytes=shared,
-            tensor_count=len(root.tensor_ids),
-            graph_paths=tuple(root.graph_paths),
-            breakdown=breakdown,
-            shared_with=tuple(partners),
-            note="; ".join(self._notes(root, owned=owned, partner_names=tuple(partners))),
-            complete=complete,
+            root.name,
+            root.type_name,
+            next(iter(devices)) if len(devices) == 1 else ",".join(sorted(devices)),
+            owned,
+            shared,
+            len(root.tensor_ids),
+            tuple(root.graph_paths),
+            breakdown,
+            partner_names,
+            notes[0] if len(notes) == 1 else "; ".join(notes),
+            complete,
+            graph_saved_bytes,
         )
 
     def _notes(self, root: Root, *, owned: int, partner_names: tuple[str, ...]) -> list[str]:
+        if owned and not root.note and id(root) not in self.state_holders:
+            return []
         notes: list[str] = [root.note] if root.note else []
         if id(root) in self.state_holders:
             notes.append("optimizer state held by " + ", ".join(sorted(self.state_holders[id(root)])))

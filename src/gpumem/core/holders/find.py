@@ -5,7 +5,8 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from gpumem.core.device_split import DeviceSplit, device_split
@@ -31,6 +32,7 @@ from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.holders.tensors import DeviceFilter
 from gpumem.core.holders.walk import OutOfTimeError, Root, Walker, walk_root
 from gpumem.core.runtime import cuda_source, ipython_shell
+from gpumem.core.sources import SystemSource
 from gpumem.core.torch_state import no_device_reason
 from gpumem.core.units import format_bytes
 from gpumem.core.workspaces import WorkspaceSizes, workspace_sizes
@@ -86,14 +88,28 @@ def find_holders(
         shell = _running_shell(namespace)
     walker = GraphWalker(torch, devices, max_depth, max_items, started + time_budget_s)
     skip = ipython_names(shell) if shell is not None and namespace is getattr(shell, "user_ns", None) else set()
-    roots = _walk_namespace(walker, namespace, skip, names, shell if include_hidden else None, time_budget_s)
-    saved_per_root, _, graph_notes = saved_by_graphs(torch, walker, roots)
-    walker.truncation.extend(graph_notes)
-    memory = _memory_readings(source, devices)
-    rows = attribute(roots, walker.sizes, walker.incomplete)
-    saved_by_row = {(root.hidden, root.name): saved_per_root.get(id(root), 0) for root in roots}
-    rows = [(hidden, row._replace(graph_saved_bytes=saved_by_row.get((hidden, row.name), 0))) for hidden, row in rows]
+    with _collector_paused():
+        roots = _walk_namespace(walker, namespace, skip, names, shell if include_hidden else None, time_budget_s)
+        saved_per_root, _, graph_notes = saved_by_graphs(torch, walker, roots)
+        walker.truncation.extend(graph_notes)
+        memory = _memory_readings(source, devices)
+        rows = attribute(roots, walker.sizes, walker.incomplete, saved_per_root)
     return _report(walker, rows, devices, memory, cycles=cycle_report, started=started)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection during the walk (for every thread: at most its time budget): the walk makes
+    tens of thousands of small objects (roots, edges, keys), and the collections they trigger traverse the
+    whole heap, a tenth of the walk's time. Re-enabled right after, unless it was off already."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 class _Memory(NamedTuple):
@@ -217,7 +233,9 @@ def _memory_readings(source: Any, devices: DeviceFilter) -> _Memory:
     """PyTorch's ``memory_allocated`` summed over the filtered CUDA devices, and each device's NVML split."""
     if devices.kind not in (None, "cuda"):
         return _Memory(None)
-    real = source is None
+    # This process's own allocator (the default, or the real source a cell tracker passes): its blocks and
+    # workspace sizes can be read too. A fake or remote source's figures are not this process's.
+    real = source is None or isinstance(source, SystemSource)
     source = cuda_source(source)
     if source is None:
         return _Memory(None)

@@ -34,16 +34,12 @@ class GraphWalker(Walker):
         self.graph_starts: dict[int, dict[int, Any]] = {}  # id(root) -> {id(node): node}
         self.saved_keys: dict[StorageKey, int] = {}  # storages only graphs hold (filled by saved_by_graphs)
 
-    def tensor(self, tensor: Any, path: str, rank: int, category: str) -> list[StorageKey]:
-        """Record the storages like the plain walk, and the tensor's graph (if any) for :func:`saved_by_graphs`."""
-        keys = super().tensor(tensor, path, rank, category)
-        try:
-            node = tensor.grad_fn
-        except Exception:
-            node = None
-        if node is not None:
-            self.graph_starts.setdefault(id(self.root), {})[id(node)] = node
-        return keys
+    def graph_start(self, node: Any) -> None:
+        """Remember the reached tensor's graph for :func:`saved_by_graphs`."""
+        starts = self.graph_starts.get(id(self.root))
+        if starts is None:
+            starts = self.graph_starts[id(self.root)] = {}
+        starts[id(node)] = node
 
 
 class _NodeReader:

@@ -36,15 +36,20 @@ def kind_totals(
     user_rows: list[Holder], hidden_bytes: int, graph_saved_bytes: int, remainder: Remainder | None
 ) -> tuple[KindTotal, ...]:
     """The by-kind summary; kinds with no bytes are left out (except an unexplained remainder below zero)."""
+    by_category: dict[str, int] = {}
+    for row in user_rows:
+        for category, nbytes in row.breakdown.items():
+            by_category[category] = by_category.get(category, 0) + nbytes
     totals: list[KindTotal] = []
     for categories in _ROW_KINDS:
-        nbytes = sum(row.breakdown.get(category, 0) for row in user_rows for category in categories)
+        nbytes = sum(by_category.get(category, 0) for category in categories)
         name = OTHER_TENSORS if categories[0] == TENSORS else categories[0]
         totals.append(KindTotal(name, nbytes))
     totals.append(KindTotal(ACTIVATIONS, graph_saved_bytes, "freed by backward(), or when the output is deleted"))
     totals.append(KindTotal(IPYTHON_HELD, hidden_bytes, f"released by {FREE_COMMAND}"))
     if remainder is not None:
-        totals.append(KindTotal(WORKSPACES, remainder.workspace_bytes, workspace_note(remainder)))
+        estimate = bool(remainder.workspace_bytes) and not remainder.workspaces_confirmed
+        totals.append(KindTotal(WORKSPACES, remainder.workspace_bytes, workspace_note(remainder), estimate))
         rounding_note = "blocks are 512-byte multiples" + ("" if remainder.blocks_read else " (computed from sizes)")
         totals.append(KindTotal(ROUNDING, remainder.rounding_bytes, rounding_note))
         totals.append(KindTotal(UNATTRIBUTED, remainder.unexplained_bytes, _unexplained_note(remainder)))

@@ -88,6 +88,7 @@ class KindTotal(NamedTuple):
     kind: str
     nbytes: int
     note: str = ""
+    estimate: bool = False  # inferred from sizes (workspaces the allocator's blocks could not confirm)
 
 
 class CycleReport(NamedTuple):

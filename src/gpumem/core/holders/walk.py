@@ -401,17 +401,22 @@ class Walker:
                 elif root.attribute_paths:
                     root.attribute_paths.pop(key, None)
         try:
-            has_graph = tensor.grad_fn is not None  # the graph keeps the tensors it saved alive
-            gradient = tensor.grad if not has_graph and tensor.requires_grad else None  # a non-leaf's .grad warns
+            node = tensor.grad_fn  # the graph keeps the tensors it saved alive
+            gradient = tensor.grad if node is None and tensor.requires_grad else None  # a non-leaf's .grad warns
         except Exception:
-            has_graph, gradient = False, None
+            node, gradient = None, None
+        if node is not None:
+            self.graph_start(node)
         if keys:
             root.tensor_ids.add(tid)
-            if has_graph and len(root.graph_paths) < MAX_GRAPH_PATHS:
+            if node is not None and len(root.graph_paths) < MAX_GRAPH_PATHS:
                 root.graph_paths.append(path)
         if gradient is not None:
             self.tensor(gradient, f"{path}.grad", rank, GRADIENTS)
         return keys
+
+    def graph_start(self, node: Any) -> None:
+        """A reached tensor's ``grad_fn`` (the graph walk overrides this to remember it)."""
 
 
 def _short_repr(key: Any) -> str:

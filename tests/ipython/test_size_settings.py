@@ -1,0 +1,87 @@
+"""The size settings (``c.GpuMem.host_leak_min_bytes``, ``pattern_min_bytes``) in a real shell: sizes as text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.ipython import extension as _extension
+from gpumem.testing import FakeSource
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def fake_monitor() -> Iterator[Monitor]:
+    monitor = Monitor(FakeSource())
+    set_default_monitor(monitor)
+    try:
+        yield monitor
+    finally:
+        set_default_monitor(None)
+
+
+def test_sizes_in_the_config_reach_the_tracker(ip: Any, fake_monitor: Monitor) -> None:
+    ip.config.GpuMem.host_leak_min_bytes = "64MiB"
+    ip.config.GpuMem.pattern_min_bytes = 2048
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        state = _extension.get_state()
+        assert state is not None
+        assert state.tracker.host_leak_min_bytes == 64 * MIB
+        assert state.tracker.pattern_min_bytes == 2048
+        assert ip.run_cell("%config GpuMem.pattern_min_bytes = '1 GiB'").success
+        assert state.tracker.pattern_min_bytes == 1 << 30
+        assert ip.run_cell("%config GpuMem.host_leak_min_bytes = 4096").success
+        assert state.tracker.host_leak_min_bytes == 4096
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        del ip.config["GpuMem"]
+
+
+def test_a_bad_size_is_refused_alone_in_one_line(
+    ip: Any, fake_monitor: Monitor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.config.GpuMem.host_leak_min_bytes = "lots"
+    ip.config.GpuMem.pattern_min_bytes = "8MiB"
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        state = _extension.get_state()
+        assert state is not None
+        assert state.tracker.host_leak_min_bytes == 32 * MIB  # the default
+        assert state.tracker.pattern_min_bytes == 8 * MIB  # the other setting applies
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if "host_leak_min_bytes" in line]
+        assert len(lines) == 1, err
+        assert lines[0].startswith("gpumem: ignoring GpuMem.host_leak_min_bytes = 'lots' (the other settings apply)")
+        assert "expected a size such as 64MiB" in lines[0]
+        assert "Traceback" not in err
+        run_cell_capture(ip, "%config GpuMem.pattern_min_bytes = 0")
+        assert state.tracker.pattern_min_bytes == 8 * MIB  # below the minimum: refused, the value kept
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        del ip.config["GpuMem"]
+
+
+def test_a_bad_size_at_run_time_is_one_logged_line_and_the_value_kept(
+    ip: Any, fake_monitor: Monitor, caplog: pytest.LogCaptureFixture
+) -> None:
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        state = _extension.get_state()
+        assert state is not None
+        caplog.clear()
+        _result, cap = run_cell_capture(ip, "%config GpuMem.pattern_min_bytes = '12 parsecs'")
+        assert cap.stdout + cap.stderr == ""
+        (record,) = caplog.records
+        message = record.getMessage()
+        assert "pattern_min_bytes: expected a size such as 64MiB, 1GiB or 500MB, not '12 parsecs'" in message
+        assert len(message.splitlines()) == 1 and record.exc_info is None
+        assert state.tracker.pattern_min_bytes == 64 * MIB
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        ip.config.pop("GpuMem", None)
