@@ -226,3 +226,12 @@ def test_the_phases_of_the_last_traced_cell_are_kept(gpu: Any) -> None:
     else:
         assert LAST_COSTS["entries"] >= 1
     assert LAST_COSTS["html_bytes"] == len(cap.outputs[-1].data["text/html"].encode())
+
+
+def test_unload_inside_a_traced_cell_stops_recording(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    result, cap = run_cell_capture(gpu, "%%gpumem --trace\nget_ipython().run_line_magic('unload_ext', 'gpumem')")
+    assert result.success, cap.stderr
+    assert not torch._C._cuda_isHistoryEnabled()
+    assert "gpumem:" not in cap.stderr
+    assert gpu.run_cell("%load_ext gpumem").success  # the fixture unloads it again

@@ -76,7 +76,7 @@ class CellHooks:
     def close(self) -> None:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""
         for pending in self._stack:
-            trace_cell.stop(pending.trace)
+            trace_cell.abandon(pending.trace)
             profile_cell.abandon(pending.profile)
         self._stack.clear()
         if self.oom is not None:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, paused_gc, save_snapshot
 from gpumem.ipython.arguments import complain, display
 
-__all__ = ["LAST_COSTS", "TraceRequest", "cell_numbers", "show", "start", "stop"]
+__all__ = ["LAST_COSTS", "TraceRequest", "abandon", "cell_numbers", "show", "start", "stop"]
 
 # What the last traced cell's own end cost, by phase (seconds; entries and HTML bytes): read by
 # benchmarks/bench_trace.py to say which part of --trace's overhead is whose.
@@ -62,6 +62,16 @@ def stop(recorder: TraceRecorder | None) -> CellSnapshot | None:
             len(entries) - taken.first_entry.get(device, 0) for device, entries in enumerate(traces)
         )
     return taken
+
+
+def abandon(recorder: TraceRecorder | None) -> None:
+    """Stop recording without reading the history (at unload, with a cell in flight)."""
+    if recorder is None:
+        return
+    try:
+        recorder.abandon()
+    except (Exception, KeyboardInterrupt) as error:
+        complain("--trace could not stop recording", error)
 
 
 def cell_numbers(shell: Any) -> dict[str, int]:
