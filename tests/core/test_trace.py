@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.trace import SKIPPED_ACTIONS, CellSnapshot, TraceRecorder, build_report, save_snapshot
+from gpumem.core.trace import SKIPPED_ACTIONS, CellSnapshot, TraceRecorder, build_report, paused_gc, save_snapshot
 from gpumem.core.trace.analysis import analyse_device, analyse_snapshot
 from gpumem.core.trace.sites import SiteNamer
 from gpumem.core.trace.synthetic import synthetic_snapshot
@@ -372,3 +372,20 @@ def test_recorder_says_when_its_own_buffer_is_full(monkeypatch: pytest.MonkeyPat
     assert taken is not None
     assert taken.truncated == [0]
     assert "the trace kept only the last 2 events" in repr(build_report(taken))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_only_while_analysing(enabled: bool) -> None:
+    import gc
+
+    seen = []
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with paused_gc():
+            seen.append(gc.isenabled())
+        build_report(CellSnapshot(synthetic_snapshot(300), {}, False, [], 600))
+        assert gc.isenabled() is enabled  # the user's setting, as it was
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False]
