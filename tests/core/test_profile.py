@@ -201,6 +201,19 @@ def test_profile_under_time(shell: Any, auto: str) -> None:
     assert not torch.autograd.profiler._is_profiler_enabled
 
 
+@pytest.mark.parametrize("auto", ["off", "on"])
+def test_profile_by_run_cell_magic(shell: Any, auto: str) -> None:
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    assert shell.run_cell(f"%gpumem auto {auto}").success
+    cell = "get_ipython().run_cell_magic('gpumem', '--profile', 'm = torch.randn(1000, 1000) @ torch.ones(1000, 1000)')"
+    result, cap = run_cell_capture(shell, cell)
+    assert result.success, cap.stderr
+    assert "aten::mm" in _profile_text(cap)
+    assert _profile_text(cap).count("gpumem profile of") == 1
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
 def test_many_calls_advise_a_shorter_cell() -> None:
     report = ProfileReport([], ProfileCost(1.0, 2.0, None, None, MANY_OPERATOR_CALLS), cuda=False, top=5, cell=None)
     assert report.cost_text() == (

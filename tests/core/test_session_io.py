@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from gpumem.core.session_io import (
     SessionData,
     SessionFormatError,
     capture_session,
+    read_parquet_store,
     read_session,
+    session_to_json,
     write_parquet,
     write_session,
 )
@@ -109,6 +112,81 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
     assert "NaN" not in target.read_text()
 
 
+def _level_arrays(timeline: Timeline) -> list[tuple[bytes, ...]]:
+    """Every level's keys and columns, oldest row first, as bytes: bit-exact, NaN included."""
+    state = timeline.store_state()
+    return [
+        (
+            array("d", level["keys"]).tobytes(),
+            *(array("d", level["columns"][name]).tobytes() for name in state["channels"]),
+        )
+        for level in state["levels"]
+    ]
+
+
+def _open_buckets(timeline: Timeline) -> list[bytes]:
+    buckets = [level["open"] for level in timeline.store_state()["levels"]]
+    return [
+        b"" if b is None else array("d", [b["key"], *b["low"], *b["high"], *b["low_first"]]).tobytes() for b in buckets
+    ]
+
+
+def _assert_same_store(restored: Timeline, timeline: Timeline) -> None:
+    assert _level_arrays(restored) == _level_arrays(timeline)
+    assert _open_buckets(restored) == _open_buckets(timeline)
+    before, after = timeline.store_state(), restored.store_state()
+    for key in ("channels", "last_time_s", "max_marks", "marks"):
+        assert after[key] == before[key], key
+    assert [level["evicted"] for level in after["levels"]] == [level["evicted"] for level in before["levels"]]
+    whole, again = timeline.window(max_points=10**9), restored.window(max_points=10**9)
+    assert again.times == whole.times
+    for name, values in whole.values.items():
+        assert _same_series(again.values[name], values), name
+
+
+def test_every_level_round_trips_exactly(tmp_path: Path) -> None:
+    timeline = _timeline()
+    state = timeline.store_state()
+    assert [len(level["keys"]) for level in state["levels"]] == [
+        20,
+        6,
+        4,
+    ]  # raw full, 1 s full, 4 s: 100-115 s (116- is open)
+    assert state["levels"][0]["evicted"] == pytest.approx(117.9)  # raw samples were lost: buckets hold them
+    assert all(level["open"] is not None for level in state["levels"][1:])
+    data = capture_session(timeline, [])
+    write_session(data, tmp_path / "session.json")
+    loaded = read_session(tmp_path / "session.json")
+    restored = loaded.restore_timeline()
+    assert restored is not None
+    _assert_same_store(restored, timeline)
+    shown = "store restored, every level: 20 of 20 raw samples, 6 of 6 1.00 s buckets, 4 of 50 4.00 s buckets"
+    assert shown in repr(LoadedSession(loaded, "session.json")).splitlines()
+    # and it goes on like the original: the next sample closes the same buckets
+    for store in (restored, timeline):
+        store.append(130.0, {"cuda:0/allocated": 5.0 * M, "host/rss": 1.0})
+    _assert_same_store(restored, timeline)
+
+
+def test_every_level_round_trips_through_parquet(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow.parquet")
+    timeline = _timeline()
+    written = write_parquet(capture_session(timeline, []), tmp_path / "run")
+    assert [path.name for path in written[2:]] == ["run.level0.parquet", "run.level1.parquet", "run.level2.parquet"]
+    restored = Timeline.from_state(read_parquet_store(tmp_path / "run"))
+    _assert_same_store(restored, timeline)
+
+
+def test_a_damaged_store_is_refused_saying_where(tmp_path: Path) -> None:
+    document = session_to_json(capture_session(_timeline(), []))
+    document["store"]["levels"][1]["columns"]["host/rss"].pop()
+    (tmp_path / "bad.json").write_text(json.dumps(document))
+    with pytest.raises(
+        SessionFormatError, match="timeline store: ValueError: channel 'host/rss': 11 values for 6 rows"
+    ):
+        read_session(tmp_path / "bad.json")
+
+
 def test_a_history_export_loads_as_cells(tmp_path: Path) -> None:
     cells = [_record(1), _record(3)]
     target = tmp_path / "history.json"
@@ -161,7 +239,7 @@ def test_parquet_holds_the_same_samples_and_cells(tmp_path: Path) -> None:
     timeline = _timeline()
     data = capture_session(timeline, [_record(1), _record(3)])
     written = write_parquet(data, tmp_path / "run")
-    assert [path.name for path in written] == ["run.samples.parquet", "run.cells.parquet"]
+    assert [path.name for path in written[:2]] == ["run.samples.parquet", "run.cells.parquet"]
     samples = parquet.read_table(written[0]).to_pydict()
     assert samples["time_s"] == data.timeline.times
     assert _same_series(samples["cuda:0/allocated"], data.timeline.values["cuda:0/allocated"])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, save_snapshot
+from gpumem.core.trace import SKIPPED_ACTIONS, CellSnapshot, TraceRecorder, build_report, paused_gc, save_snapshot
 from gpumem.core.trace.analysis import analyse_device, analyse_snapshot
 from gpumem.core.trace.sites import SiteNamer
 from gpumem.core.trace.synthetic import synthetic_snapshot
@@ -225,7 +225,13 @@ class _FakeAllocator:
         self.entries = entries
         self.calls: list[dict[str, Any]] = []
 
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def record(self, enabled: str | None, context: str | None, stacks: str, max_entries: int) -> None:
+        self.calls.append({"enabled": enabled, "context": context, "stacks": stacks, "max": max_entries})
+        self.recording = enabled is not None
+        if enabled is None:
+            self.entries.clear()
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, *, skip_actions: bool = False) -> None:
         allocator = self
 
         class Memory:
@@ -233,10 +239,20 @@ class _FakeAllocator:
             def _record_memory_history(
                 enabled: str | None = "all", context: str | None = "all", stacks: str = "all", max_entries: int = 0
             ) -> None:
-                allocator.calls.append({"enabled": enabled, "context": context, "stacks": stacks, "max": max_entries})
-                allocator.recording = enabled is not None
-                if enabled is None:
-                    allocator.entries.clear()
+                allocator.record(enabled, context, stacks, max_entries)
+
+            if skip_actions:  # torch 2.9 and later
+
+                @staticmethod
+                def _record_memory_history(  # type: ignore[no-redef]
+                    enabled: str | None = "all",
+                    context: str | None = "all",
+                    stacks: str = "all",
+                    max_entries: int = 0,
+                    skip_actions: list[str] | None = None,
+                ) -> None:
+                    allocator.record(enabled, context, stacks, max_entries)
+                    allocator.calls[-1]["skip"] = skip_actions
 
             @staticmethod
             def _snapshot() -> dict[str, Any]:
@@ -283,6 +299,38 @@ def test_recorder_records_only_during_the_cell(monkeypatch: pytest.MonkeyPatch) 
     assert len(taken.snapshot["device_traces"][0]) == 1
 
 
+@pytest.mark.parametrize("save", [False, True])
+def test_recorder_skips_the_actions_the_analysis_never_reads(monkeypatch: pytest.MonkeyPatch, save: bool) -> None:
+    """Not free_completed, segment or snapshot events, where torch can skip them; all of them for memory_viz."""
+    allocator = _FakeAllocator(recording=False, entries=[])
+    allocator.install(monkeypatch, skip_actions=True)
+    recorder = TraceRecorder(500, every_action=save)
+    assert recorder.start() is None
+    wanted = None if save else ["free_completed", "segment_alloc", "segment_free", "snapshot"]
+    assert allocator.calls == [{"enabled": "all", "context": "alloc", "stacks": "python", "max": 500, "skip": wanted}]
+    assert recorder.skipped == (() if save else SKIPPED_ACTIONS)
+    recorder.abandon()
+    assert allocator.calls[-1]["enabled"] is None
+    assert not allocator.recording
+
+
+def test_abandon_leaves_the_users_recording_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    allocator = _FakeAllocator(recording=True, entries=[_alloc(1, 512, 10)])
+    allocator.install(monkeypatch)
+    recorder = TraceRecorder()
+    assert recorder.start() is None
+    recorder.abandon()
+    assert allocator.calls == []
+    assert allocator.recording
+    assert not recorder.recording
+
+
+def test_a_body_run_by_time_is_the_users_code() -> None:
+    site = SiteNamer().site([{"filename": "<timed exec>", "line": 2, "name": "<module>"}])
+    assert site.user
+    assert site.label == "%%time body line 2 in <module>"
+
+
 def test_recorder_leaves_the_users_recording_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     theirs = [_alloc(1, 512, 10), _alloc(2, 1024, 20)]
     allocator = _FakeAllocator(recording=True, entries=list(theirs))
@@ -324,3 +372,20 @@ def test_recorder_says_when_its_own_buffer_is_full(monkeypatch: pytest.MonkeyPat
     assert taken is not None
     assert taken.truncated == [0]
     assert "the trace kept only the last 2 events" in repr(build_report(taken))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_only_while_analysing(enabled: bool) -> None:
+    import gc
+
+    seen = []
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with paused_gc():
+            seen.append(gc.isenabled())
+        build_report(CellSnapshot(synthetic_snapshot(300), {}, False, [], 600))
+        assert gc.isenabled() is enabled  # the user's setting, as it was
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False]

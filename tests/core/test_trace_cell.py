@@ -46,6 +46,29 @@ def test_without_cuda_one_line_and_the_cell_runs(shell: Any) -> None:
     assert not any("gpumem-trace" in page for page in pages)
 
 
+WAYS_TO_RUN = {
+    "%%time above": "%%time\n%%gpumem {line}\nx = torch.ones(3).sum().item()",
+    "%%gpumem above %%time": "%%gpumem {line}\n%%time\nx = torch.ones(3).sum().item()",
+    "run_cell_magic": "get_ipython().run_cell_magic('gpumem', '{line}', 'x = torch.ones(3).sum().item()')",
+}
+
+
+@pytest.mark.parametrize("auto", ["off", "on"])
+@pytest.mark.parametrize("way", sorted(WAYS_TO_RUN))
+def test_without_cuda_the_reason_is_given_however_the_cell_runs(shell: Any, way: str, auto: str) -> None:
+    """--trace is not only read from a top-level cell's first line: the magic run as a function starts it too."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this test is about a machine without CUDA")
+    shell.user_ns["torch"] = torch
+    assert shell.run_cell(f"%gpumem auto {auto}").success
+    result, cap = run_cell_capture(shell, WAYS_TO_RUN[way].format(line="--trace"))
+    assert result.success, cap.stderr
+    assert shell.user_ns["x"] == 3.0
+    assert cap.stdout.count(NO_CUDA) == 1
+    assert cap.stdout.count("gpumem:") == 1
+
+
 def test_without_torch_imported(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)
     result, cap = run_cell_capture(shell, "%%gpumem --trace-save out.pickle\ny = 41 + 1")

@@ -5,6 +5,7 @@ size here is a multiple of 512 B, so the requested size the trace records is the
 from __future__ import annotations
 
 import gc
+import inspect
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from _harness import run_cell_capture
 from gpumem.core.monitor import Monitor, set_default_monitor
-from gpumem.core.trace import TraceRecorder
+from gpumem.core.trace import SKIPPED_ACTIONS, TraceRecorder
 from gpumem.core.trace.analysis import analyse_snapshot
 
 pytestmark = pytest.mark.gpu
@@ -142,3 +143,95 @@ def test_recorder_alone_exact_bytes() -> None:
     assert trace.peak_bytes == trace.start_bytes + 12 * MIB
     assert {usage.bytes for usage in trace.at_peak} == {8 * MIB, 4 * MIB}
     del kept
+
+
+def test_skipped_actions_are_not_recorded_and_frees_still_count() -> None:
+    """Where torch can skip actions the trace holds no free_completed (nor segment) events, and a free still counts
+    when it is requested."""
+    torch = pytest.importorskip("torch")
+    recorder = TraceRecorder()
+    assert recorder.start() is None
+    kept = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda:0")
+    for _ in range(4):
+        scratch = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda:0")
+        del scratch
+    taken = recorder.stop()
+    assert taken is not None
+    actions = {entry["action"] for entry in taken.snapshot["device_traces"][0]}
+    assert {"alloc", "free_requested"} <= actions
+    if "skip_actions" in inspect.signature(torch.cuda.memory._record_memory_history).parameters:
+        assert recorder.skipped == SKIPPED_ACTIONS
+        assert not actions & set(SKIPPED_ACTIONS)
+    else:
+        assert recorder.skipped == ()
+        assert "free_completed" in actions
+    [trace] = analyse_snapshot(taken.snapshot)
+    assert [(usage.bytes, usage.count) for usage in trace.temporary] == [(16 * MIB, 4)]
+    assert [usage.bytes for usage in trace.left] == [8 * MIB]
+    assert trace.peak_bytes == trace.start_bytes + 12 * MIB
+    del kept
+
+
+def test_trace_save_records_every_action_for_memory_viz(gpu: Any, tmp_path: Path) -> None:
+    saved = tmp_path / "loop.pickle"
+    cell = (
+        f"%%gpumem --trace-save {saved}\n"
+        "for _ in range(3):\n"
+        "    t = torch.empty(2 << 20, dtype=torch.uint8, device='cuda:0')\n"
+        "    del t\n"
+    )
+    result, cap = run_cell_capture(gpu, cell)  # cell [1]
+    assert result.success
+    with saved.open("rb") as file:
+        entries = pickle.load(file)["device_traces"][0]
+    assert [entry["action"] for entry in entries].count("free_completed") == 3
+    # free_requested then free_completed of one block is one free, not two
+    assert section(trace_text(cap), "Temporary").splitlines() == ["6.0 MiB  cell [1] line 3 in <module>  (3 blocks)"]
+
+
+ALLOCATE_4_MIB = "x = torch.empty(4 << 20, dtype=torch.uint8, device='cuda:0')"
+RUN_CELL_MAGIC = f"get_ipython().run_cell_magic('gpumem', '--trace', {ALLOCATE_4_MIB!r})"
+
+
+@pytest.mark.parametrize(
+    ("cell", "site"),
+    [
+        ("%%time\n%%gpumem --trace\nx = torch.empty(4 << 20, dtype=torch.uint8, device='cuda:0')",
+         "%%time body line 2 in <module>"),
+        ("%%gpumem --trace\n%%time\nx = torch.empty(4 << 20, dtype=torch.uint8, device='cuda:0')",
+         "%%time body line 1 in <module>"),
+        (RUN_CELL_MAGIC, "cell [1] line 1 in <module>"),
+    ],
+)  # fmt: skip
+def test_trace_however_the_magic_runs_the_body(gpu: Any, cell: str, site: str) -> None:
+    result, cap = run_cell_capture(gpu, cell)  # cell [1]
+    assert result.success, cap.stderr
+    text = trace_text(cap)
+    assert text.startswith("gpumem trace of cell [1]")
+    assert section(text, "Left behind by the cell").splitlines() == [f"4.0 MiB  {site}"]
+    assert not gpu.user_ns["torch"]._C._cuda_isHistoryEnabled()  # recording is off again
+
+
+def test_the_phases_of_the_last_traced_cell_are_kept(gpu: Any) -> None:
+    from gpumem.ipython.trace_cell import LAST_COSTS
+
+    result, cap = run_cell_capture(
+        gpu, "%%gpumem --trace\nx = torch.empty(1 << 20, dtype=torch.uint8, device='cuda:0')"
+    )
+    assert result.success
+    assert set(LAST_COSTS) == {"snapshot_s", "entries", "analysis_s", "render_s", "html_bytes"}
+    torch = gpu.user_ns["torch"]
+    if "skip_actions" in inspect.signature(torch.cuda.memory._record_memory_history).parameters:
+        assert LAST_COSTS["entries"] == 1  # the one alloc: segment and snapshot events are not recorded
+    else:
+        assert LAST_COSTS["entries"] >= 1
+    assert LAST_COSTS["html_bytes"] == len(cap.outputs[-1].data["text/html"].encode())
+
+
+def test_unload_inside_a_traced_cell_stops_recording(gpu: Any) -> None:
+    torch = gpu.user_ns["torch"]
+    result, cap = run_cell_capture(gpu, "%%gpumem --trace\nget_ipython().run_line_magic('unload_ext', 'gpumem')")
+    assert result.success, cap.stderr
+    assert not torch._C._cuda_isHistoryEnabled()
+    assert "gpumem:" not in cap.stderr
+    assert gpu.run_cell("%load_ext gpumem").success  # the fixture unloads it again

@@ -106,7 +106,10 @@ def test_export_with_parquet(shell: Any, tmp_path: Path) -> None:
     assert run_cell_capture(shell, "%%gpumem\nh = src.allocate(64 * MIB)")[0].success
     result, cap = run_cell_capture(shell, f"%gpumem export {tmp_path / 'run.json'} --parquet")
     assert result.success, cap.stderr
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["run.cells.parquet", "run.json", "run.samples.parquet"]
+    levels = [f"run.level{index}.parquet" for index in range(3)]  # the default timeline's three levels
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["run.cells.parquet", "run.json", "run.samples.parquet", *levels]
+    )
 
 
 def test_export_and_load_refusals(shell: Any, tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """A session on file: ``%gpumem export`` writes the timeline, its marks and the cell history; ``%gpumem
 load`` reads them back, read-only, to look at on a machine without the GPU.
 
-The timeline is exported as :meth:`Timeline.window` returns it over all time with no decimation:
-raw samples where they are still kept, and for older stretches each coarser bucket's minimum and
-maximum (so every peak ever sampled is there). A cell is :func:`record_to_dict`'s object plus
+The timeline is exported twice: as :meth:`Timeline.window` returns it over all time with no
+decimation (raw samples where they are still kept, and for older stretches each coarser bucket's
+minimum and maximum, so every peak ever sampled is there), and as its whole store, every level
+(resolution) row by row with its open bucket (:meth:`Timeline.store_state`), which loading rebuilds
+exactly. A cell is :func:`record_to_dict`'s object plus
 ``quiet``; loading rebuilds the same :class:`CellRecord`, so a round trip is exact (NaN, "not
 measured", is written as null). The JSON file is written atomically; with pyarrow installed
 (``pip install jupyter-gpumem[parquet]``) the samples and cells can also be written as Parquet files.
@@ -42,6 +44,7 @@ __all__ = [
     "SessionFormatError",
     "capture_session",
     "is_session_export",
+    "read_parquet_store",
     "read_session",
     "record_from_dict",
     "session_to_json",
@@ -78,16 +81,23 @@ class SessionData:
     exported_wall_s: float | None = None
     notes: list[str] = field(default_factory=list)
     reports: list[SavedReport] = field(default_factory=list)
+    store: dict[str, Any] | None = None  # Timeline.store_state(): every level; None in older exports
+
+    def restore_timeline(self) -> Timeline | None:
+        """The exported timeline store rebuilt, every level as it was (None: the export has none)."""
+        return None if self.store is None else Timeline.from_state(self.store)
 
 
 def capture_session(
     timeline: Timeline, cells: Sequence[CellRecord], reports: Sequence[SavedReport] = ()
 ) -> SessionData:
     """The session as it is now (the timeline read through its public window())."""
-    series = timeline.window(max_points=sys.maxsize)
+    store = timeline.store_state()
+    series = Timeline.from_state(store).window(max_points=sys.maxsize)  # the same instant as the store
     now_wall, now_monotonic = time.time(), time.monotonic()
     offset = now_wall - now_monotonic
-    return SessionData(series, timeline.marks(), list(cells), offset, now_wall, reports=list(reports))
+    marks = [Mark(time_s, label) for time_s, label in store["marks"]]
+    return SessionData(series, marks, list(cells), offset, now_wall, reports=list(reports), store=store)
 
 
 # Writing ----------------------------------------------------------------------------------------
@@ -114,7 +124,51 @@ def session_to_json(data: SessionData) -> dict[str, Any]:
         "marks": [[mark.time_s, mark.label] for mark in data.marks],
         "cells": cells,
         "reports": [report._asdict() for report in data.reports],
+        "store": None if data.store is None else _store_to_json(data.store),
     }
+
+
+def _store_to_json(store: Mapping[str, Any]) -> dict[str, Any]:
+    """NaN (not measured) as null, as in the timeline's columns."""
+    levels = []
+    for level in store["levels"]:
+        columns = {name: [_number(v) for v in values] for name, values in level["columns"].items()}
+        opened = level["open"]
+        if opened is not None:
+            opened = {
+                **opened,
+                "low": [_number(v) for v in opened["low"]],
+                "high": [_number(v) for v in opened["high"]],
+            }
+        levels.append({**level, "columns": columns, "open": opened})
+    return {**store, "levels": levels}
+
+
+def _store_from_json(value: Any) -> dict[str, Any] | None:
+    """The store as written, null read back as NaN; checked by rebuilding it."""
+    if value is None:
+        return None
+    try:
+        levels = []
+        for level in value["levels"]:
+            columns = {name: [_float(v) for v in values] for name, values in level["columns"].items()}
+            opened = level["open"]
+            if opened is not None:
+                opened = {
+                    **opened,
+                    "low": [_float(v) for v in opened["low"]],
+                    "high": [_float(v) for v in opened["high"]],
+                }
+            levels.append({**level, "columns": columns, "open": opened})
+        store = {**value, "levels": levels}
+        Timeline.from_state(store)
+    except (TypeError, KeyError, ValueError, AttributeError) as error:
+        raise SessionFormatError(f"timeline store: {type(error).__name__}: {error}") from None
+    return store
+
+
+def _float(value: Any) -> float:
+    return math.nan if value is None else float(value)
 
 
 def write_session(data: SessionData, path: str | os.PathLike[str], *, force: bool = False) -> bool:
@@ -144,8 +198,11 @@ def write_parquet(data: SessionData, stem: Path) -> list[Path]:
     samples = pa.table({"time_s": data.timeline.times, **data.timeline.values})
     rows = history_rows(data.cells)
     cells = pa.Table.from_pylist(rows) if rows else pa.table({"cell": pa.array([], pa.int64())})
+    tables = [(".samples.parquet", samples), (".cells.parquet", cells)]
+    if data.store is not None:
+        tables += [(f".level{index}.parquet", table) for index, table in enumerate(_level_tables(pa, data.store))]
     written = []
-    for suffix, table in ((".samples.parquet", samples), (".cells.parquet", cells)):
+    for suffix, table in tables:
         target = stem.with_name(stem.name + suffix)
         aside = target.with_name(f".{target.name}.tmp")
         try:
@@ -156,6 +213,51 @@ def write_parquet(data: SessionData, stem: Path) -> list[Path]:
             raise
         written.append(target)
     return written
+
+
+def _level_tables(pa: Any, store: Mapping[str, Any]) -> list[Any]:
+    """One table per level: its keys and, per channel, one column per value of a row (``NAME@0``,
+    ``NAME@1``); the rest of the store (spans, open buckets, marks) as JSON in the schema's metadata."""
+    tables = []
+    for index, level in enumerate(store["levels"]):
+        rows = len(level["keys"])
+        width = len(next(iter(level["columns"].values()), [])) // rows if rows else 1
+        columns: dict[str, Any] = {"key": pa.array(level["keys"], pa.float64())}
+        for name, values in level["columns"].items():
+            for part in range(width):
+                columns[f"{name}@{part}"] = pa.array(values[part::width], pa.float64())
+        rest = {key: value for key, value in level.items() if key not in {"keys", "columns"}}
+        meta = {**{k: v for k, v in store.items() if k != "levels"}, "level": index, "width": width, **rest}
+        text = json.dumps(_store_to_json({"levels": [{**meta, "columns": {}}]})["levels"][0], allow_nan=False)
+        tables.append(pa.table(columns).replace_schema_metadata({_PARQUET_META: text}))
+    return tables
+
+
+_PARQUET_META = "gpumem_store"
+
+
+def read_parquet_store(stem: Path) -> dict[str, Any]:
+    """The timeline store from ``STEM.levelN.parquet`` (as :meth:`Timeline.store_state` gave it); ImportError
+    without pyarrow, OSError when a file is missing, :class:`SessionFormatError` when it is not one."""
+    pq = importlib.import_module("pyarrow.parquet")
+    levels: list[dict[str, Any]] = []
+    store: dict[str, Any] = {}
+    while (path := stem.with_name(f"{stem.name}.level{len(levels)}.parquet")).exists() or not levels:
+        table = pq.read_table(path)
+        meta = json.loads((table.schema.metadata or {}).get(_PARQUET_META.encode(), b"null"))
+        if not isinstance(meta, dict):
+            raise SessionFormatError(f"{path.name}: not a gpumem level (no {_PARQUET_META} metadata)")
+        width, data = int(meta.pop("width")), table.to_pydict()
+        parts = {name.rpartition("@")[0] for name in data if name != "key"}
+        columns = {
+            name: [data[f"{name}@{i % width}"][i // width] for i in range(width * table.num_rows)] for name in parts
+        }
+        store = {key: meta.pop(key) for key in ("channels", "last_time_s", "max_marks", "marks")}
+        meta.pop("level")
+        levels.append({**meta, "keys": data["key"], "columns": columns})
+    found = _store_from_json({**store, "levels": levels})
+    assert found is not None
+    return found
 
 
 # Reading ----------------------------------------------------------------------------------------
@@ -188,6 +290,7 @@ def read_session(path: str | os.PathLike[str]) -> SessionData:
         wall_offset_s=_optional_float(document.get("wall_offset_s")),
         exported_wall_s=_optional_float(document.get("exported_wall_s")),
         reports=_reports(document.get("reports", [])),
+        store=_store_from_json(document.get("store")),
     )
 
 

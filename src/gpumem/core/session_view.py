@@ -10,6 +10,7 @@ import html
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from gpumem.core.cells.formatting import STYLE, format_duration
 from gpumem.core.cells.history import HistoryTable
@@ -45,6 +46,10 @@ class LoadedSession:
             return ["No samples in this export."]
         span = format_duration(times[-1] - times[0])
         lines = [f"{len(times):,} points over {span}; marks: {len(self.data.marks):,}; cells: {len(self.data.cells):,}"]
+        if self.data.store is not None:
+            lines.append(
+                "store restored, every level: " + ", ".join(_level_line(level) for level in self.data.store["levels"])
+            )
         for name, values in series.values.items():
             finite = [value for value in values if not math.isnan(value)]
             if finite:
@@ -71,6 +76,12 @@ class LoadedSession:
                 for report in self.data.reports
             )
         )
+
+
+def _level_line(level: dict[str, Any]) -> str:
+    span = float(level["span_s"])
+    what = "raw samples" if span == 0 else f"{format_duration(span)} buckets"
+    return f"{len(level['keys']):,} of {int(level['capacity']):,} {what}"
 
 
 def _report_title(report: SavedReport) -> str:

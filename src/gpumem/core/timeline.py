@@ -24,7 +24,7 @@ import numbers
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumem.core.rings import Bucket, Ring, Row
 
@@ -341,6 +341,59 @@ class Timeline:
         for i in range(max(lo, ring.count), hi):
             points.add_bucket(*tail[i - ring.count], span)
 
+    def store_state(self) -> dict[str, Any]:
+        """Every level as stored (rows oldest first), each open bucket, the channels and the marks.
+
+        What an export writes so that :meth:`from_state` rebuilds this store exactly; values are
+        plain floats (NaN: not measured). A raw level has one value per row and channel, an
+        aggregated level two (the bucket's extremes in the order they occurred).
+        """
+        with self._lock:
+            levels = []
+            for level, ring, bucket in zip(self._levels, self._rings, self._open, strict=True):
+                order = [ring.slot(index) for index in range(ring.count)]
+                width = ring.width
+                columns = {
+                    name: [column[slot * width + part] for slot in order for part in range(width)]
+                    for name, column in zip(self._channels, ring.columns, strict=True)
+                }
+                opened = None
+                if bucket is not None:
+                    opened = {"key": bucket.key, "low": list(bucket.low), "high": list(bucket.high),
+                              "low_first": list(bucket.low_first)}  # fmt: skip
+                keys = [ring.keys[slot] for slot in order]
+                levels.append({"span_s": level.span_s, "capacity": level.capacity, "keys": keys,
+                               "columns": columns, "evicted": ring.evicted, "open": opened})  # fmt: skip
+            return {
+                "channels": list(self._channels),
+                "last_time_s": None if self._last_time == -math.inf else self._last_time,
+                "max_marks": self._marks.maxlen,
+                "marks": [[mark.time_s, mark.label] for mark in self._marks],
+                "levels": levels,
+            }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Timeline:
+        """The store :meth:`store_state` described (ValueError, TypeError or KeyError if it is not one)."""
+        specs = state["levels"]
+        timeline = cls([Level(float(spec["span_s"]), int(spec["capacity"])) for spec in specs], int(state["max_marks"]))
+        channels = [str(name) for name in state["channels"]]
+        timeline._add_channels(dict.fromkeys(channels, 0.0))
+        for ring, spec in zip(timeline._rings, specs, strict=True):
+            _fill_ring(ring, spec, channels)
+        for index, spec in enumerate(specs):
+            opened = spec["open"]
+            if opened is not None:
+                bucket = timeline._open[index] = Bucket(int(opened["key"]), 0)
+                bucket.low, bucket.high = [float(v) for v in opened["low"]], [float(v) for v in opened["high"]]
+                bucket.low_first = [bool(v) for v in opened["low_first"]]
+                if not len(bucket.low) == len(bucket.high) == len(bucket.low_first) == len(channels):
+                    raise ValueError(f"level {index}: the open bucket does not have one value per channel")
+        last = state["last_time_s"]
+        timeline._last_time = -math.inf if last is None else float(last)
+        timeline._marks.extend(Mark(float(time_s), str(label)) for time_s, label in state["marks"])
+        return timeline
+
     def nbytes(self) -> int:
         """Memory held by the stored samples."""
         with self._lock:
@@ -355,6 +408,25 @@ class Timeline:
             self._open = [None] * len(self._levels)
             self._marks.clear()
             self._last_time = -math.inf
+
+
+def _fill_ring(ring: Ring, spec: Mapping[str, Any], channels: Sequence[str]) -> None:
+    """Write a level's rows (oldest first) into an empty ring, from slot 0."""
+    keys = [float(key) for key in spec["keys"]]
+    if len(keys) > ring.capacity:
+        raise ValueError(f"{len(keys)} rows for a level of {ring.capacity}")
+    for slot, key in enumerate(keys):
+        ring.keys[slot] = key
+    for name, column in zip(channels, ring.columns, strict=True):
+        values = spec["columns"][name]
+        if len(values) != len(keys) * ring.width:
+            raise ValueError(f"channel {name!r}: {len(values)} values for {len(keys)} rows of {ring.width}")
+        for position, value in enumerate(values):
+            column[position] = float(value)
+    ring.count = len(keys)
+    ring.head = len(keys) % ring.capacity
+    evicted = spec["evicted"]
+    ring.evicted = None if evicted is None else float(evicted)
 
 
 def decimate_min_max(times: Sequence[float], values: Mapping[str, Sequence[float]], max_points: int) -> Series:

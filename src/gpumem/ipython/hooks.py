@@ -76,7 +76,7 @@ class CellHooks:
     def close(self) -> None:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""
         for pending in self._stack:
-            trace_cell.stop(pending.trace)
+            trace_cell.abandon(pending.trace)
             profile_cell.abandon(pending.profile)
         self._stack.clear()
         if self.oom is not None:
@@ -220,7 +220,7 @@ class CellHooks:
                 complain("could not start measuring this cell", error)
                 return
             outer = outer._replace(active=active)
-        self._stack[0] = outer._replace(request=request, profile=outer.profile or profile_cell.start(request.profile))
+        self._stack[0] = outer._replace(request=request, **_extras_started(outer, request))
 
     def measure_body(self, request: CellRequest, body: str, run: Callable[[], _T]) -> _T:
         """``%%gpumem`` called as a function: ``run()`` the body, measured as asked.
@@ -238,6 +238,7 @@ class CellHooks:
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not start measuring this cell", failure)
             return run()  # the user's code runs all the same
+        traced = trace_cell.start(request.trace)
         profiler = profile_cell.start(request.profile)
         error: BaseException | None = None
         try:
@@ -246,15 +247,18 @@ class CellHooks:
             error = caught
             raise
         finally:
-            profiled = profile_cell.stop(profiler, self.running_cell_number())
+            number = self.running_cell_number()
+            profiled = profile_cell.stop(profiler, number)  # first: the profiler's own work stays out of the trace
+            snapshot = trace_cell.stop(traced)
             self._finish_body(cell, error, request)
-            self._keep("profile", self.running_cell_number(), profile_cell.show(profiled, request.options.quiet))
+            quiet = request.options.quiet
+            self._keep("trace", number, trace_cell.show(snapshot, request.trace, self.state.shell, number, quiet))
+            self._keep("profile", number, profile_cell.show(profiled, quiet))
 
     def _adopt(self, request: CellRequest) -> bool:
         for position, pending in enumerate(self._stack):
             if pending.active is not None:
-                profiler = pending.profile or profile_cell.start(request.profile)
-                self._stack[position] = pending._replace(request=request, profile=profiler)
+                self._stack[position] = pending._replace(request=request, **_extras_started(pending, request))
                 return True
         return False
 
@@ -266,3 +270,11 @@ class CellHooks:
             self.show(record, request)
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not finish measuring this cell", failure)
+
+
+def _extras_started(pending: _Pending, request: CellRequest) -> dict[str, Any]:
+    """The cell's --trace recorder and --profile profiler: those already running, else started as asked."""
+    return {
+        "trace": pending.trace or trace_cell.start(request.trace),
+        "profile": pending.profile or profile_cell.start(request.profile),
+    }

@@ -80,15 +80,16 @@ def magic_summary(state: ExtensionState, line: str) -> None:
 @argument(
     "--parquet",
     action="store_true",
-    help="also write PATH's stem .samples.parquet and .cells.parquet "
+    help="also write PATH's stem .samples.parquet, .cells.parquet and one .levelN.parquet per timeline level "
     "(needs pyarrow: pip install jupyter-gpumem[parquet])",
 )
 @argument("--force", action="store_true", help="replace an existing file even if it is not a gpumem session export")
 def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport] = ()) -> None:
     """Write this session to a file: the memory timeline (every sample still kept, and each older
-    stretch's minima and maxima), its marks, the cell history and the latest --trace and --profile
-    reports shown (as text). %gpumem load PATH shows it again,
-    on any machine. The file is written aside and renamed over PATH only once complete.
+    stretch's minima and maxima; and every level of its store exactly, which load rebuilds), its
+    marks, the cell history and the latest --trace and --profile reports shown (as text).
+    %gpumem load PATH shows it again, on any machine. The file is written aside and renamed over
+    PATH only once complete.
     """
     args = parse_argstring(magic_export, line)
     target = parse_path("path", args.path)

@@ -8,12 +8,17 @@ torch imported, no CUDA, a torch too old) one line says why and the cell runs al
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
-from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, save_snapshot
+from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, paused_gc, save_snapshot
 from gpumem.ipython.arguments import complain, display
 
-__all__ = ["TraceRequest", "cell_numbers", "show", "start", "stop"]
+__all__ = ["LAST_COSTS", "TraceRequest", "abandon", "cell_numbers", "show", "start", "stop"]
+
+# What the last traced cell's own end cost, by phase (seconds; entries and HTML bytes): read by
+# benchmarks/bench_trace.py to say which part of --trace's overhead is whose.
+LAST_COSTS: dict[str, float] = {}
 
 
 class TraceRequest(NamedTuple):
@@ -28,7 +33,7 @@ def start(trace: TraceRequest | None) -> TraceRecorder | None:
     if trace is None:
         return None
     try:
-        recorder = TraceRecorder(trace.entries)
+        recorder = TraceRecorder(trace.entries, every_action=trace.save is not None)  # memory_viz reads them all
         reason = recorder.start()
     except (Exception, KeyboardInterrupt) as error:
         complain("--trace could not start", error)
@@ -43,11 +48,30 @@ def stop(recorder: TraceRecorder | None) -> CellSnapshot | None:
     """Stop recording (restoring the user's own setting); the snapshot, or None."""
     if recorder is None:
         return None
+    began = time.perf_counter()
     try:
-        return recorder.stop()
+        taken = recorder.stop()
     except (Exception, KeyboardInterrupt) as error:
         complain("--trace could not read the allocation history", error)
         return None
+    LAST_COSTS.clear()
+    LAST_COSTS["snapshot_s"] = time.perf_counter() - began
+    if taken is not None:
+        traces = taken.snapshot.get("device_traces") or ()
+        LAST_COSTS["entries"] = sum(
+            len(entries) - taken.first_entry.get(device, 0) for device, entries in enumerate(traces)
+        )
+    return taken
+
+
+def abandon(recorder: TraceRecorder | None) -> None:
+    """Stop recording without reading the history (at unload, with a cell in flight)."""
+    if recorder is None:
+        return
+    try:
+        recorder.abandon()
+    except (Exception, KeyboardInterrupt) as error:
+        complain("--trace could not stop recording", error)
 
 
 def cell_numbers(shell: Any) -> dict[str, int]:
@@ -71,10 +95,16 @@ def show(taken: CellSnapshot | None, trace: TraceRequest | None, shell: Any, cel
     if quiet:
         return None
     try:
+        began = time.perf_counter()
         report = build_report(taken, cell_numbers=cell_numbers(shell), cell=cell)
         if saved is not None:
             report.notes.append(f"Snapshot saved to {saved} (PyTorch's memory_viz opens it).")
-        display(report)
+        analysed = time.perf_counter()
+        with paused_gc():
+            text, page = repr(report), report._repr_html_()
+        LAST_COSTS.update(analysis_s=analysed - began, render_s=time.perf_counter() - analysed)
+        LAST_COSTS["html_bytes"] = len(page.encode())
+        display(text=text, html=page)
     except (Exception, KeyboardInterrupt) as error:
         complain("could not show the trace", error)
         return None

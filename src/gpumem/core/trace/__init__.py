@@ -11,17 +11,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpumem.core.trace.analysis import DeviceTrace, SiteUsage, analyse_snapshot
-from gpumem.core.trace.recorder import DEFAULT_MAX_ENTRIES, CellSnapshot, TraceRecorder, save_snapshot
+from gpumem.core.trace.recorder import (
+    DEFAULT_MAX_ENTRIES,
+    SKIPPED_ACTIONS,
+    CellSnapshot,
+    TraceRecorder,
+    paused_gc,
+    save_snapshot,
+)
 from gpumem.core.trace.render import TraceReport
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
+    "SKIPPED_ACTIONS",
     "CellSnapshot",
     "DeviceTrace",
     "SiteUsage",
     "TraceRecorder",
     "TraceReport",
     "build_report",
+    "paused_gc",
     "save_snapshot",
 ]
 
@@ -30,9 +39,10 @@ def build_report(
     taken: CellSnapshot, *, cell_numbers: Mapping[str, int] | None = None, cell: int | None = None
 ) -> TraceReport:
     """The report of one traced cell; ``cell_numbers`` maps IPython's cell filenames to their numbers."""
-    devices = analyse_snapshot(
-        taken.snapshot, first_entry=taken.first_entry, cell_numbers=cell_numbers, truncated=taken.truncated
-    )
+    with paused_gc():  # the snapshot's millions of dicts would be walked again by every full collection
+        devices = analyse_snapshot(
+            taken.snapshot, first_entry=taken.first_entry, cell_numbers=cell_numbers, truncated=taken.truncated
+        )
     notes = []
     if taken.user_recording:
         notes.append("Your own recording of allocation history was on: it is kept, with its settings and entries.")

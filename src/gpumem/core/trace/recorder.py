@@ -6,27 +6,51 @@ are left alone and the cell's part of their history is read: what follows their 
 cell started (a snapshot then, taken only in that case);
 otherwise recording is switched on with stacks of Python frames, for allocations only
 (``context="alloc"``), in a ring buffer of ``max_entries`` events, and off again after the cell,
-which also frees the buffer.
+which also frees the buffer. Where torch can skip actions (``skip_actions``, 2.9 and later), the
+events the analysis never reads are not recorded: ``free_completed`` (a free counts when it is
+requested, where ``memory_allocated`` drops), segment and snapshot events; that saves a third of the
+entries of a training loop and their share of the snapshot. With ``--trace-save`` everything is
+recorded, since PyTorch's memory_viz draws from those events.
+
+The snapshot, millions of small dicts for a long cell, is taken with Python's cyclic garbage
+collector paused: none of them can form a cycle, and the collector would otherwise walk the growing
+heap again and again while torch builds it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import os
 import pickle
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "CellSnapshot", "TraceRecorder", "save_snapshot"]
+__all__ = ["DEFAULT_MAX_ENTRIES", "SKIPPED_ACTIONS", "CellSnapshot", "TraceRecorder", "paused_gc", "save_snapshot"]
 
 # PyTorch documents "several KB" per recorded event with stacks: 100,000 events stay within a few
 # hundred MB of host memory in the worst case, and hold a 300-step training loop of a small model.
 DEFAULT_MAX_ENTRIES = 100_000
+
+# Trace actions the analysis never reads (it needs alloc, free_requested and oom).
+SKIPPED_ACTIONS = ("free_completed", "segment_alloc", "segment_free", "snapshot")
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (if it runs) while building or reading a large acyclic structure."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass
@@ -79,10 +103,12 @@ def _parameters(function: Callable[..., Any]) -> tuple[str, ...]:
 class TraceRecorder:
     """``start()`` before the cell, ``stop()`` after it; ``stop()`` always restores the user's setting."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, *, every_action: bool = False) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be 1 or more, not {max_entries}")
         self.max_entries = max_entries
+        self.every_action = every_action  # record the actions the analysis skips too (for memory_viz)
+        self.skipped: tuple[str, ...] = ()  # the actions not recorded during the cell
         self._memory: _Memory | None = None
         self._enabled_here = False
         self._markers: dict[int, tuple[Any, ...]] | None = None  # the user's last entries as the cell started
@@ -96,10 +122,17 @@ class TraceRecorder:
             was_recording = self._history_enabled(memory)
         except Exception as error:
             return f"PyTorch could not say whether it records already: {type(error).__name__}: {error}"
-        self._markers = _last_entries(memory.snapshot()) if was_recording else None
-        if not was_recording:
+        if was_recording:
+            with paused_gc():
+                self._markers = _last_entries(memory.snapshot())
+        else:
+            self._markers = None
+            options: dict[str, Any] = {"enabled": "all", "context": "alloc", "stacks": "python"}
+            if not self.every_action and "skip_actions" in _parameters(memory.record):
+                options["skip_actions"] = list(SKIPPED_ACTIONS)
             try:
-                memory.record(enabled="all", context="alloc", stacks="python", max_entries=self.max_entries)
+                memory.record(**options, max_entries=self.max_entries)
+                self.skipped = tuple(options.get("skip_actions", ()))
             except Exception as error:
                 return f"PyTorch could not start recording: {type(error).__name__}: {error}"
             self._enabled_here = True
@@ -116,13 +149,21 @@ class TraceRecorder:
     def recording(self) -> bool:
         return self._memory is not None
 
+    def abandon(self) -> None:
+        """Stop recording without reading a snapshot (a user's own recording stays on)."""
+        memory, self._memory, self._markers = self._memory, None, None
+        if memory is not None and self._enabled_here:
+            self._enabled_here = False
+            memory.record(enabled=None)
+
     def stop(self) -> CellSnapshot | None:
         """The snapshot of the cell; recording is off again if it was off before. None if not started."""
         memory, self._memory = self._memory, None
         if memory is None:
             return None
         try:
-            snapshot = memory.snapshot()
+            with paused_gc():
+                snapshot = memory.snapshot()
         finally:
             if self._enabled_here:
                 self._enabled_here = False

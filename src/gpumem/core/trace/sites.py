@@ -18,6 +18,7 @@ __all__ = ["NO_STACK", "Frame", "Site", "SiteNamer"]
 
 # IPython's cell filenames: ipykernel's '/tmp/ipykernel_123/456.py', the terminal's '<ipython-input-3-...>'.
 _IPYTHON_INPUT = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
+_TIMED_BODIES = ("<timed exec>", "<timed eval>")  # the filenames IPython's %%time compiles a body under
 _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "\\site-packages\\", "\\dist-packages\\")
 
 
@@ -71,6 +72,8 @@ class SiteNamer:
             cell = int(match.group(1)) if match else None
         if cell is not None:
             known = (f"cell [{cell}]", True, cell)
+        elif filename in _TIMED_BODIES:  # a cell body run by %%time: the user's code, numbered from its own line 1
+            known = ("%%time body", True, 0)
         elif filename.startswith(("<", *self._prefixes)) or any(marker in filename for marker in _LIBRARY_MARKERS):
             known = (_short_library_name(filename), False, None)
         else:
