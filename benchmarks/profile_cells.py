@@ -2,8 +2,10 @@
 
 Not a benchmark (``.ci/gpu`` runs only ``bench_*.py``): a tool for finding what to make cheaper.
 Without CUDA a fake allocator stands in for a device in use, as in ``bench_cells.py``.
+``--hooks`` times gpumem's two hooks instead (no profiler): the median per cell, the figure to compare.
+``--variables N`` puts N names in the namespace and has every cell rebind them all.
 
-    python benchmarks/profile_cells.py [--cells 2000] [--vars never] [--top 30]
+    python benchmarks/profile_cells.py [--cells 2000] [--vars never] [--top 30] [--hooks] [--variables 0]
 """
 
 from __future__ import annotations
@@ -13,20 +15,16 @@ import contextlib
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 import time
+from typing import Any
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", type=int, default=2000)
-    parser.add_argument("--vars", default="never", choices=["never", "auto", "always"])
-    parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--sort", default="cumulative")
-    args = parser.parse_args()
-
+def _shell(vars_mode: str) -> Any:
     import torch
     from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
 
     from gpumem.core.monitor import Monitor, set_default_monitor
     from gpumem.testing import MIB, FakeSource
@@ -37,21 +35,79 @@ def main() -> int:
         fake = FakeSource()
         fake.allocate(64 * MIB)
         set_default_monitor(Monitor(fake))
-    from traitlets.config import Config
-
     config = Config()
     config.HistoryManager.hist_file = ":memory:"  # as in bench_cells.py: no shared-disk noise
     shell = InteractiveShell.instance(config=config)
     shell.run_line_magic("load_ext", "gpumem")
     with contextlib.redirect_stdout(io.StringIO()):
-        shell.run_line_magic("gpumem", f"auto on --vars {args.vars}")
+        shell.run_line_magic("gpumem", f"auto on --vars {vars_mode}")
+    return shell
+
+
+def _timed_hooks(shell: Any) -> list[float]:
+    """Wrap gpumem's two hooks so that each call adds its duration to the last entry of the returned list."""
+    from gpumem.ipython import extension
+
+    hooks = extension.get_hooks()
+    assert hooks is not None
+    spent = [0.0]
+
+    def timed(hook: Any) -> Any:
+        def wrapper(argument: Any) -> None:
+            began = time.perf_counter()
+            hook(argument)
+            spent[-1] += time.perf_counter() - began
+
+        return wrapper
+
+    for event, hook in (("pre_run_cell", hooks.pre_run_cell), ("post_run_cell", hooks.post_run_cell)):
+        shell.events.unregister(event, hook)
+        shell.events.register(event, timed(hook))
+    return spent
+
+
+def _cell(variables: int, shell: Any) -> str:
+    if not variables:
+        return "x = 1"
+    shell.run_cell(
+        f"_touched = [f'touched_{{i:04d}}' for i in range({variables})]\n"
+        "def _touch_names():\n    g = globals()\n    for n in _touched:\n        g[n] = [n]\n"
+    )
+    return "_touch_names()"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=2000)
+    parser.add_argument("--vars", default="never", choices=["never", "auto", "always"])
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--sort", default="cumulative")
+    parser.add_argument("--hooks", action="store_true", help="time the hooks (no profiler)")
+    parser.add_argument("--variables", type=int, default=0)
+    args = parser.parse_args()
+
+    shell = _shell(args.vars)
+    cell = _cell(args.variables, shell)
     for _ in range(50):
-        shell.run_cell("x = 1", store_history=True)
+        shell.run_cell(cell, store_history=True)
+    if args.hooks:
+        spent = _timed_hooks(shell)
+        per_cell = []
+        for _ in range(args.cells):
+            spent[-1] = 0.0
+            shell.run_cell(cell, store_history=True)
+            per_cell.append(spent[-1])
+        quartiles = statistics.quantiles(per_cell, n=4)
+        print(
+            f"{args.cells} cells ({cell!r}, --vars {args.vars}): in gpumem's hooks median "
+            f"{statistics.median(per_cell) * 1e3:.3f} ms (IQR {quartiles[0] * 1e3:.3f}-{quartiles[2] * 1e3:.3f})"
+        )
+        return 0
     profiler = cProfile.Profile()
     began = time.perf_counter()
     profiler.enable()
     for _ in range(args.cells):
-        shell.run_cell("x = 1", store_history=True)
+        shell.run_cell(cell, store_history=True)
     profiler.disable()
     elapsed = time.perf_counter() - began
     print(f"{args.cells} cells in {elapsed:.2f} s under the profiler ({elapsed / args.cells * 1e3:.3f} ms per cell)")
