@@ -2,7 +2,9 @@
 
 Not a benchmark (``.ci/gpu`` runs only ``bench_*.py``): a tool for finding what to make cheaper.
 Without CUDA a fake allocator stands in for a device in use, as in ``bench_cells.py``.
-``--hooks`` times gpumem's two hooks instead (no profiler): the median per cell, the figure to compare.
+``--hooks`` times gpumem's two hooks instead (no profiler): the median per cell, the figure to compare,
+and the median per cell of each part (source reads, record building, warnings...), to show on the GPU
+which share is the reads.
 ``--variables N`` puts N names in the namespace and has every cell rebind them all.
 
     python benchmarks/profile_cells.py [--cells 2000] [--vars never] [--top 30] [--hooks] [--variables 0]
@@ -66,6 +68,67 @@ def _timed_hooks(shell: Any) -> list[float]:
     return spent
 
 
+def _parts() -> dict[str, float]:
+    """Time the main parts of a measured cell; each call adds its duration to the returned dict by name."""
+    from gpumem.core.cells import tracker as tracker_module
+    from gpumem.ipython import extension
+
+    state, hooks = extension.get_state(), extension.get_hooks()
+    assert state is not None
+    assert hooks is not None
+    spent: dict[str, float] = {}
+    parts: list[tuple[Any, str, str]] = [
+        (state.monitor.source, "snapshot", "source snapshot (both reads)"),
+        (state.monitor.source, "reset_peaks", "source reset_peaks"),
+        (state.tracker, "begin", "tracker.begin"),
+        (state.tracker, "end", "tracker.end"),
+        (state.tracker, "_figure_warnings", "  figure warnings (leaks, capacity, fragmentation)"),
+        (state.tracker, "_variables", "  variables"),
+        (tracker_module, "device_changes", "  device changes"),
+        (tracker_module, "staircase_notes", "  staircase notes"),
+        (hooks, "show", "hooks.show"),
+    ]
+    if hooks.oom is not None:
+        parts += [(hooks.oom, "pre_run_cell", "out-of-memory pre"), (hooks.oom, "post_run_cell", "out-of-memory post")]
+    for owner, attribute, label in parts:
+        setattr(owner, attribute, _adding(getattr(owner, attribute), label, spent))
+    return spent
+
+
+def _adding(function: Any, label: str, spent: dict[str, float]) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - began
+
+    return timed
+
+
+def _time_hooks(shell: Any, cell: str, cells: int) -> None:
+    spent = _timed_hooks(shell)
+    per_cell = []
+    for _ in range(cells):
+        spent[-1] = 0.0
+        shell.run_cell(cell, store_history=True)
+        per_cell.append(spent[-1])
+    quartiles = statistics.quantiles(per_cell, n=4)
+    print(
+        f"{cells} cells ({cell!r}): in gpumem's hooks median "
+        f"{statistics.median(per_cell) * 1e3:.3f} ms (IQR {quartiles[0] * 1e3:.3f}-{quartiles[2] * 1e3:.3f})"
+    )
+    parts = _parts()  # a second run, its parts timed (the wrappers add a little to each)
+    shares: dict[str, list[float]] = {}
+    for _ in range(cells):
+        parts.clear()
+        shell.run_cell(cell, store_history=True)
+        for label, seconds in parts.items():
+            shares.setdefault(label, []).append(seconds)
+    for label, values in shares.items():
+        print(f"  {label:<52} median {statistics.median(values) * 1e6:7.1f} us per cell ({len(values)} cells)")
+
+
 def _cell(variables: int, shell: Any) -> str:
     if not variables:
         return "x = 1"
@@ -91,17 +154,8 @@ def main() -> int:
     for _ in range(50):
         shell.run_cell(cell, store_history=True)
     if args.hooks:
-        spent = _timed_hooks(shell)
-        per_cell = []
-        for _ in range(args.cells):
-            spent[-1] = 0.0
-            shell.run_cell(cell, store_history=True)
-            per_cell.append(spent[-1])
-        quartiles = statistics.quantiles(per_cell, n=4)
-        print(
-            f"{args.cells} cells ({cell!r}, --vars {args.vars}): in gpumem's hooks median "
-            f"{statistics.median(per_cell) * 1e3:.3f} ms (IQR {quartiles[0] * 1e3:.3f}-{quartiles[2] * 1e3:.3f})"
-        )
+        print(f"--vars {args.vars}, {args.variables} names rebound per cell")
+        _time_hooks(shell, cell, args.cells)
         return 0
     profiler = cProfile.Profile()
     began = time.perf_counter()
