@@ -5,9 +5,11 @@ Without CUDA a fake allocator stands in for a device in use, as in ``bench_cells
 ``--hooks`` times gpumem's two hooks instead (no profiler): the median per cell, the figure to compare,
 and the median per cell of each part (source reads, record building, warnings...), to show on the GPU
 which share is the reads.
-``--variables N`` puts N names in the namespace and has every cell rebind them all.
+``--variables N`` puts N names in the namespace and has every cell rebind them all; ``--namespace N``
+first fills it with bench_cells.py's N variables of a training notebook (tensors on the GPU, or on the
+CPU with the walk looking for CPU tensors).
 
-    python benchmarks/profile_cells.py [--cells 2000] [--vars never] [--top 30] [--hooks] [--variables 0]
+    python benchmarks/profile_cells.py [--cells 2000] [--vars never] [--top 30] [--hooks] [--variables 0] [--pause-ms 5]
 """
 
 from __future__ import annotations
@@ -20,7 +22,24 @@ import pstats
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _fill(shell: Any, count: int) -> None:
+    """bench_cells.py's namespace of ``count`` variables, and its CPU stand-in for the walk without CUDA."""
+    import torch
+
+    import bench_cells
+    from gpumem.ipython import extension
+
+    cuda = torch.cuda.is_available()
+    shell.user_ns.update(bench_cells.make_namespace(torch, "cuda:0" if cuda else "cpu", count))
+    state = extension.get_state()
+    if state is not None and not cuda:
+        state.tracker.holder_finder = bench_cells.cpu_finder
 
 
 def _shell(vars_mode: str) -> Any:
@@ -106,21 +125,25 @@ def _adding(function: Any, label: str, spent: dict[str, float]) -> Any:
     return timed
 
 
-def _time_hooks(shell: Any, cell: str, cells: int) -> None:
+def _time_hooks(shell: Any, cell: str, cells: int, pause_s: float) -> None:
+    """Between cells (untimed) a pause, as in bench_cells.py and in real use: a cell after idle time runs
+    with cold caches, which a back-to-back loop hides."""
     spent = _timed_hooks(shell)
     per_cell = []
     for _ in range(cells):
+        time.sleep(pause_s)
         spent[-1] = 0.0
         shell.run_cell(cell, store_history=True)
         per_cell.append(spent[-1])
     quartiles = statistics.quantiles(per_cell, n=4)
     print(
-        f"{cells} cells ({cell!r}): in gpumem's hooks median "
+        f"{cells} cells ({cell!r}, {pause_s * 1e3:g} ms apart): in gpumem's hooks median "
         f"{statistics.median(per_cell) * 1e3:.3f} ms (IQR {quartiles[0] * 1e3:.3f}-{quartiles[2] * 1e3:.3f})"
     )
     parts = _parts()  # a second run, its parts timed (the wrappers add a little to each)
     shares: dict[str, list[float]] = {}
     for _ in range(cells):
+        time.sleep(pause_s)
         parts.clear()
         shell.run_cell(cell, store_history=True)
         for label, seconds in parts.items():
@@ -147,15 +170,19 @@ def main() -> int:
     parser.add_argument("--sort", default="cumulative")
     parser.add_argument("--hooks", action="store_true", help="time the hooks (no profiler)")
     parser.add_argument("--variables", type=int, default=0)
+    parser.add_argument("--namespace", type=int, default=0, help="bench_cells.py's variables, this many")
+    parser.add_argument("--pause-ms", type=float, default=5.0, help="untimed pause between --hooks cells")
     args = parser.parse_args()
 
     shell = _shell(args.vars)
+    if args.namespace:
+        _fill(shell, args.namespace)
     cell = _cell(args.variables, shell)
     for _ in range(50):
         shell.run_cell(cell, store_history=True)
     if args.hooks:
         print(f"--vars {args.vars}, {args.variables} names rebound per cell")
-        _time_hooks(shell, cell, args.cells)
+        _time_hooks(shell, cell, args.cells, args.pause_ms / 1e3)
         return 0
     profiler = cProfile.Profile()
     began = time.perf_counter()
