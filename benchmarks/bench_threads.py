@@ -9,7 +9,10 @@ would), three threads run at default settings: the sampler (``gpumem-sampler``),
    the time the threads hold it) timed with the threads off (A) and on (B), paired in ABBA rounds with
    an A/A control (``benchmarks/_paired.py``).
 2. Cause, per thread: CPU seconds per second of wall time, from the kernel's per-thread CPU clock
-   (``time.pthread_getcpuclockid``; ``/proc/self/task/<tid>/stat`` ticks as a cross-check).
+   (``time.pthread_getcpuclockid``), cross-checked through /proc (``/proc/self/task/<tid>/schedstat``,
+   exact; ``.../stat`` ticks, sampled by the scheduler tick, shown but not trusted for short bursts). A method
+   check first runs a thread that burns a known 50 ms of CPU per second and one that only sleeps, and
+   prints what each method reads for them.
 3. GIL held by others, per second: the same loop is a probe, summing every gap between two of its
    iterations longer than ``--gap-us``; the A windows' gaps (preemption by other processes) are
    subtracted from the B windows'.
@@ -45,29 +48,147 @@ CPU_LABEL = "CPU, 2-core CI-class machine, not the goal machine (fake allocator)
 THREAD_NAMES = ("gpumem-sampler", "gpumem-panel-writer", "gpumem-status")
 
 
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds so far of each live gpumem thread, by name, from the kernel's per-thread clocks."""
-    seconds: dict[str, float] = {}
+def proc_stat_ticks_s(stat_text: str, ticks_per_s: int) -> float:
+    """utime + stime of a /proc/<pid>/task/<tid>/stat line, in seconds (the scheduler tick's sampling:
+    a thread that runs in bursts shorter than a tick, while its core is otherwise idle, is mostly missed)."""
+    fields = stat_text.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    return (int(fields[11]) + int(fields[12])) / ticks_per_s
+
+
+def proc_schedstat_s(schedstat_text: str) -> float:
+    """The first field of /proc/<pid>/task/<tid>/schedstat: the scheduler's exact run time, in nanoseconds."""
+    return int(schedstat_text.split(maxsplit=1)[0]) / 1e9
+
+
+def proc_schedstat_runs(schedstat_text: str) -> float:
+    """The third field of the same line: how many times the thread was put on a core (its wake-ups, roughly)."""
+    return float(schedstat_text.split()[2])
+
+
+ThreadKey = tuple[str, int]  # (name, kernel thread id): a thread replaced by a namesake is another thread
+
+
+def per_second(after: dict[ThreadKey, float], before: dict[ThreadKey, float], wall_s: float) -> dict[str, float]:
+    """Per name, the increase per second of wall time of each thread alive at the end (one that started
+    in between counts from 0, as its clocks do; one that ended in between is not counted)."""
+    rates: dict[str, float] = {}
+    for (name, tid), value in after.items():
+        rates[name] = rates.get(name, 0.0) + (value - before.get((name, tid), 0.0)) / wall_s
+    return rates
+
+
+def thread_cpu_s(names: tuple[str, ...] = THREAD_NAMES) -> dict[ThreadKey, float]:
+    """CPU seconds so far of each live thread named in ``names``, from the kernel's per-thread clocks
+    (``pthread_getcpuclockid`` takes the pthread_t, which is ``thread.ident``)."""
+    seconds: dict[ThreadKey, float] = {}
     for thread in threading.enumerate():
-        if thread.name in THREAD_NAMES and thread.ident is not None:
+        if thread.name in names and thread.ident is not None and thread.native_id is not None:
             with contextlib.suppress(OSError, ProcessLookupError):
                 clock = time.pthread_getcpuclockid(thread.ident)
-                seconds[thread.name] = seconds.get(thread.name, 0.0) + time.clock_gettime(clock)
+                seconds[thread.name, thread.native_id] = time.clock_gettime(clock)
     return seconds
 
 
-def thread_ticks_s() -> dict[str, float]:
-    """The same from /proc/self/task/<tid>/stat (utime + stime, in clock ticks: coarse, a cross-check)."""
+def _proc_task(names: tuple[str, ...], file: str, parse: Any) -> dict[ThreadKey, float]:
+    seconds: dict[ThreadKey, float] = {}
+    for thread in threading.enumerate():
+        if thread.name in names and thread.native_id is not None:  # /proc names the kernel's tid
+            with contextlib.suppress(OSError):
+                text = Path(f"/proc/self/task/{thread.native_id}/{file}").read_text()
+                seconds[thread.name, thread.native_id] = parse(text)
+    return seconds
+
+
+def thread_ticks_s(names: tuple[str, ...] = THREAD_NAMES) -> dict[ThreadKey, float]:
+    """The same from /proc/self/task/<tid>/stat (utime + stime, in clock ticks: coarse and sampled)."""
     import os
 
-    tick = os.sysconf("SC_CLK_TCK")
-    seconds: dict[str, float] = {}
-    for thread in threading.enumerate():
-        if thread.name in THREAD_NAMES and thread.native_id is not None:
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
-                seconds[thread.name] = seconds.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return seconds
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    return _proc_task(names, "stat", lambda text: proc_stat_ticks_s(text, ticks_per_s))
+
+
+def thread_schedstat_s(names: tuple[str, ...] = THREAD_NAMES) -> dict[ThreadKey, float]:
+    """The same from /proc/self/task/<tid>/schedstat: exact, read through /proc rather than the clock."""
+    return _proc_task(names, "schedstat", proc_schedstat_s)
+
+
+def thread_runs(names: tuple[str, ...] = THREAD_NAMES) -> dict[ThreadKey, float]:
+    """Times each thread was scheduled so far: CPU per run tells a costly read from costly wake-ups."""
+    return _proc_task(names, "schedstat", proc_schedstat_runs)
+
+
+METHOD_CHECK_NAMES = ("gpumem-bench-burner", "gpumem-bench-sleeper")
+
+
+def _burner(stop: threading.Event, burn_s: float, period_s: float, burned: list[float]) -> None:
+    """Burn ``burn_s`` of this thread's own CPU time every ``period_s``, adding what it burned to ``burned``."""
+    while not stop.is_set():
+        began = time.thread_time()
+        while time.thread_time() - began < burn_s:
+            pass
+        burned[0] += time.thread_time() - began
+        stop.wait(max(0.0, period_s - burn_s))
+
+
+def method_check(burn_ms_per_s: float = 50.0, seconds: float = 3.0) -> dict[str, Any]:
+    """Both readings on threads of known cost: one that burns ``burn_ms_per_s`` of CPU per second (in 5 ms
+    bursts, every 100 ms) and one that only sleeps (wakes at 10 Hz), while the main thread sleeps; also what
+    reading another thread's clock costs."""
+    stop, burned = threading.Event(), [0.0]
+    period_s = 0.1
+    threads = [
+        threading.Thread(
+            target=_burner, args=(stop, burn_ms_per_s / 1e3 * period_s, period_s, burned), name=METHOD_CHECK_NAMES[0]
+        ),
+        threading.Thread(target=_burner, args=(stop, 0.0, period_s, [0.0]), name=METHOD_CHECK_NAMES[1]),
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    readers = {"clock": thread_cpu_s, "proc_schedstat": thread_schedstat_s, "proc_ticks": thread_ticks_s}
+    before = {method: read(METHOD_CHECK_NAMES) for method, read in readers.items()}
+    burned_before, began = burned[0], time.perf_counter()
+    time.sleep(seconds)
+    wall_s = time.perf_counter() - began
+    after = {method: read(METHOD_CHECK_NAMES) for method, read in readers.items()}
+    burned_s = burned[0] - burned_before
+    read_cost_us = _clock_read_cost_us(threads[0])
+    stop.set()
+    for thread in threads:
+        thread.join()
+    measured = {method: per_second(after[method], before[method], wall_s) for method in readers}
+    return {
+        "burn_ms_per_s": burn_ms_per_s,
+        "burner_self_metered_ms_per_s": burned_s / wall_s * 1e3,
+        "measured_ms_per_s": {
+            method: {name: value * 1e3 for name, value in rates.items()} for method, rates in measured.items()
+        },
+        "clock_read_other_thread_us": read_cost_us,
+    }
+
+
+def _clock_read_cost_us(thread: threading.Thread, reads: int = 2_000) -> float:
+    assert thread.ident is not None
+    clock = time.pthread_getcpuclockid(thread.ident)
+    began = time.perf_counter()
+    for _ in range(reads):
+        time.clock_gettime(clock)
+    return (time.perf_counter() - began) / reads * 1e6
+
+
+def method_check_line(check: dict[str, Any]) -> str:
+    """``method check: burner 50.0 ms/s measured 49.8 (clock) / 49.8 (proc schedstat) / 50 (proc ticks)``."""
+    rates = check["measured_ms_per_s"]
+    burner, sleeper = METHOD_CHECK_NAMES
+    return (
+        f"method check: burner {check['burn_ms_per_s']:.1f} ms/s (self-metered "
+        f"{check['burner_self_metered_ms_per_s']:.1f}) measured {rates['clock'].get(burner, 0.0):.1f} (clock) / "
+        f"{rates['proc_schedstat'].get(burner, 0.0):.1f} (proc schedstat) / "
+        f"{rates['proc_ticks'].get(burner, 0.0):.0f} (proc ticks); sleeper at 10 Hz "
+        f"{rates['clock'].get(sleeper, 0.0):.2f} / {rates['proc_schedstat'].get(sleeper, 0.0):.2f} / "
+        f"{rates['proc_ticks'].get(sleeper, 0.0):.0f}; reading another thread's clock costs "
+        f"{check['clock_read_other_thread_us']:.2f} us"
+    )
 
 
 class Probe:
@@ -81,12 +202,15 @@ class Probe:
         self.gap_count: dict[str, int] = {"A": 0, "B": 0}
         self.cpu: dict[str, float] = {}
         self.ticks: dict[str, float] = {}
+        self.schedstat: dict[str, float] = {}
+        self.runs: dict[str, float] = {}
         self.traffic_bytes = 0
         self.recorder: Any = None
 
     def __call__(self, iterations: int) -> float:
         clock, gap_s, gaps, count = time.perf_counter, self.gap_s, 0.0, 0
-        cpu_before, ticks_before = thread_cpu_s(), thread_ticks_s()
+        cpu_before, ticks_before, schedstat_before = thread_cpu_s(), thread_ticks_s(), thread_schedstat_s()
+        runs_before = thread_runs()
         bytes_before = self.recorder.nbytes() if self.recorder is not None else 0
         began = previous = clock()
         for _ in range(iterations):
@@ -99,9 +223,11 @@ class Probe:
         for store, after, before in (
             (self.cpu, thread_cpu_s(), cpu_before),
             (self.ticks, thread_ticks_s(), ticks_before),
+            (self.schedstat, thread_schedstat_s(), schedstat_before),
+            (self.runs, thread_runs(), runs_before),
         ):
-            for name, value in after.items():
-                store[name] = store.get(name, 0.0) + value - before.get(name, 0.0)
+            for name, rate in per_second(after, before, 1.0).items():  # per second of 1 s: the increase itself
+                store[name] = store.get(name, 0.0) + rate
         if self.recorder is not None:
             self.traffic_bytes += self.recorder.nbytes() - bytes_before
         self.wall[self.label] += elapsed
@@ -210,6 +336,8 @@ def main() -> int:
     iterations = args.iterations or (4_000_000 if cuda else 2_000_000)
     from gpumem.panel.traffic import CommRecorder
 
+    check = method_check()
+    print(method_check_line(check))
     probe = Probe(args.gap_us * 1e-6)
     with CommRecorder() as recorder:
         probe.recorder = recorder
@@ -225,6 +353,8 @@ def main() -> int:
     lost_b = probe.gaps["B"] / wall_b
     per_thread = {name: probe.cpu.get(name, 0.0) / wall_b for name in THREAD_NAMES}
     per_thread_ticks = {name: probe.ticks.get(name, 0.0) / wall_b for name in THREAD_NAMES}
+    per_thread_schedstat = {name: probe.schedstat.get(name, 0.0) / wall_b for name in THREAD_NAMES}
+    runs_per_s = {name: probe.runs.get(name, 0.0) / wall_b for name in THREAD_NAMES}
     total_cpu = sum(per_thread.values())
     gil = lost_b - lost_a
     traffic = probe.traffic_bytes / wall_b
@@ -237,6 +367,9 @@ def main() -> int:
         "paired": result,
         "thread_cpu_per_wall": per_thread,
         "thread_cpu_per_wall_proc_ticks": per_thread_ticks,
+        "thread_cpu_per_wall_proc_schedstat": per_thread_schedstat,
+        "thread_runs_per_s": runs_per_s,
+        "method_check": check,
         "threads_cpu_fraction_of_one_core": total_cpu,
         "probe_gap_fraction": {"A": lost_a, "B": lost_b},
         "probe_gaps": {"A": probe.gap_count["A"], "B": probe.gap_count["B"]},
@@ -270,18 +403,26 @@ def markdown(report: dict[str, Any]) -> list[str]:
         *_paired.MARKDOWN_HEADER,
         _paired.markdown_row("main-thread Python loop, threads on / off", report["paired"]),
         "",
-        "| thread | CPU ms per s of wall (thread clock) | same from /proc ticks (10 ms resolution) |",
-        "| --- | ---: | ---: |",
+        method_check_line(report["method_check"]),
+        "",
+        (
+            "| thread | CPU ms per s of wall (thread clock) | /proc schedstat (exact) | /proc stat ticks (sampled) "
+            "| runs per s | CPU per run |"
+        ),
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
         f"| {name} | {report['thread_cpu_per_wall'][name] * 1e3:.3f} | "
-        f"{report['thread_cpu_per_wall_proc_ticks'][name] * 1e3:.1f} |"
+        f"{report['thread_cpu_per_wall_proc_schedstat'][name] * 1e3:.3f} | "
+        f"{report['thread_cpu_per_wall_proc_ticks'][name] * 1e3:.1f} | {report['thread_runs_per_s'][name]:.1f} | "
+        f"{_per_run_us(report['thread_cpu_per_wall'][name], report['thread_runs_per_s'][name])} |"
         for name in THREAD_NAMES
     ]
     gaps = report["probe_gap_fraction"]
     total = report["threads_cpu_fraction_of_one_core"]
+    verdict, empty = met[report["met"]["cpu"]], "| | | | |"
     lines += [
-        f"| all together | {total * 1e3:.3f} ({total:.3%} of one core; floor 0.2%: {met[report['met']['cpu']]}) | |",
+        f"| all together | {total * 1e3:.3f} ({total:.3%} of one core; floor 0.2%: {verdict}) {empty}",
         "",
         (
             f"GIL held by others (probe gaps, threads on minus off): {report['gil_held_by_others_fraction']:.3%} "
@@ -300,6 +441,10 @@ def markdown(report: dict[str, Any]) -> list[str]:
         for name, cost in report["snapshot_cost_us"].items()
     ]
     return lines
+
+
+def _per_run_us(cpu_per_s: float, runs_per_s: float) -> str:
+    return f"{cpu_per_s / runs_per_s * 1e6:.0f} us" if runs_per_s else "n/a"
 
 
 if __name__ == "__main__":

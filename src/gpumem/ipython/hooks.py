@@ -112,7 +112,7 @@ class CellHooks:
     def _own_command(self, source: str) -> bool:
         """A cell of only ``%gpumem`` line magics: in automatic mode it would fill the history with gpumem's
         own commands (c.GpuMem.record_own_commands = True records them)."""
-        if self.state.config.record_own_commands:
+        if "%gpumem" not in source or self.state.config.record_own_commands:
             return False
         lines = [line.strip() for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
         return bool(lines) and all(re.match(r"%gpumem(\s|$)", line) for line in lines)
@@ -175,21 +175,24 @@ class CellHooks:
         return {f"Out[{count}]": outputs[count]}
 
     def show(self, record: CellRecord, request: CellRequest | None) -> None:
-        """Full report for %%gpumem; in automatic mode one line, only when it is worth a look."""
-        from gpumem.core.cells.report import CellReport, CellSummary
-
+        """Full report for %%gpumem; in automatic mode one line, only when it is worth a look (the report
+        module is imported, and the report built, only then: most automatic-mode cells show nothing)."""
         if record.quiet:
             return
         config = self.state.config
         if request is not None:
+            from gpumem.core.cells.report import CellReport
+
             display(CellReport(record, request.top if request.top is not None else config.top_variables))
             return
         notable = (
-            record.largest_change_bytes() >= config.threshold_bytes
-            or bool(record.warnings)
+            bool(record.warnings)
             or record.status == STATUS_OUT_OF_MEMORY
+            or record.largest_change_bytes() >= config.threshold_bytes
         )
         if notable:
+            from gpumem.core.cells.report import CellSummary
+
             display(CellSummary(record))
 
     # What the %%gpumem magic asks -----------------------------------------------------------------

@@ -92,6 +92,7 @@ class CellTracker:
         self._count = 0
         self._active: list[ActiveCell] = []  # more than one only for concurrent (nested or threaded) blocks
         self._reruns = RerunLog()
+        self._last_key = ("", source_key(""))  # the last source and its key: most cells are re-runs or repeats
         self._told = ToldConditions()  # device conditions already warned of, so no later cell repeats them
         self._reserves = ReserveReader()
         self._resets = PEAK_RESETS
@@ -258,12 +259,14 @@ class CellTracker:
         cell.take_sample(end)
         start = cell.start
         assert start is not None
-        options = (options or cell.options)._replace(keep_peaks=cell.options.keep_peaks)
+        options = options or cell.options
+        if options.keep_peaks != cell.options.keep_peaks:
+            options = options._replace(keep_peaks=cell.options.keep_peaks)
         status, error_text = classify_error(error)
         count = execution_count if execution_count is not None else cell.execution_count
         devices = device_changes(cell, start, end, options.devices, self._resets)
         host = host_change(cell, start, end)
-        key = source_key(cell.source)
+        key = self._source_key(cell.source)
         warnings = self._figure_warnings(key, devices, start, end, host, status)
         variables = self._variables(cell, namespace, options, count, devices, hidden)
         warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
@@ -271,31 +274,32 @@ class CellTracker:
             self.monitor.timeline, start, end, devices, variables, namespace, self.pattern_min_bytes
         )
         warnings += staircases
-        draft = CellRecord(
-            serial=0,  # numbered when kept
-            execution_count=count,
-            first_line=first_line_of(cell.source),
-            source_hash=key,
-            started_wall_s=cell.started_wall_s,
-            duration_s=duration_s,
-            status=status,
-            error=error_text,
-            devices=devices,
-            host=host,
-            variables=variables.changes,
-            variables_note=variables.note,
-            warnings=tuple(warnings),
-            cuda_note=cuda_note(options.devices, devices, end, self.monitor.status),
-            keep_peaks=options.keep_peaks,
-            mode=options.mode,
-            quiet=options.quiet,
-            kinds=variables.kinds,
-            kinds_since=variables.kinds_since,
-            notes=notes,
-        )
+        first_line = first_line_of(cell.source)
+        note = cuda_note(options.devices, devices, end, self.monitor.status)
         with self._lock:
             self._count += 1
-            record = draft._replace(serial=self._count)
+            record = CellRecord(
+                serial=self._count,  # numbered when kept
+                execution_count=count,
+                first_line=first_line,
+                source_hash=key,
+                started_wall_s=cell.started_wall_s,
+                duration_s=duration_s,
+                status=status,
+                error=error_text,
+                devices=devices,
+                host=host,
+                variables=variables.changes,
+                variables_note=variables.note,
+                warnings=tuple(warnings),
+                cuda_note=note,
+                keep_peaks=options.keep_peaks,
+                mode=options.mode,
+                quiet=options.quiet,
+                kinds=variables.kinds,
+                kinds_since=variables.kinds_since,
+                notes=notes,
+            )
             self._history.append(record)
         self._resets.release()
         self._tell_listeners(record)
@@ -339,7 +343,7 @@ class CellTracker:
         )
         host_bytes = host.rss_delta_bytes if host is not None else None
         runs_total, recent = self._reruns.add(key, devices, status, self.leak_runs, host_bytes)
-        if recent is None:
+        if recent is None or not self._may_leak(devices, host_bytes):
             return warnings
         warnings += leak_warnings(
             devices,
@@ -353,6 +357,21 @@ class CellTracker:
             recent, runs_total, runs=self.leak_runs, min_bytes=self.host_leak_min_bytes, tolerance=self.leak_tolerance
         )
         return warnings if host_leak is None else [*warnings, host_leak]
+
+    def _source_key(self, source: str) -> str:
+        last_source, last_key = self._last_key
+        if source == last_source:
+            return last_key
+        key = source_key(source)
+        self._last_key = (source, key)
+        return key
+
+    def _may_leak(self, devices: Sequence[DeviceChange], host_bytes: int | None) -> bool:
+        """Whether this run grew anything enough for a leak warning: one needs every recent run, this
+        one included, to have grown by at least the minimum (most cells grow nothing)."""
+        if host_bytes is not None and host_bytes >= self.host_leak_min_bytes:
+            return True
+        return any(change.allocated_delta_bytes >= self.leak_min_bytes for change in devices)
 
     def _variables(
         self,

@@ -1,0 +1,69 @@
+"""The per-thread CPU readings of benchmarks/bench_threads.py: parsing /proc and turning two readings into
+rates (no timing here: the inputs are written out, so every figure is known exactly)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _load() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_threads.py"
+    spec = importlib.util.spec_from_file_location("bench_threads", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_threads"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+# A real /proc/<pid>/task/<tid>/stat line, with a thread name holding spaces and a parenthesis.
+STAT = (
+    "4242 (gpumem (x) y) S 1 4242 4242 0 -1 4194368 120 0 0 0 37 13 0 0 20 0 3 0 12345 1000 100 "
+    "18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0"
+)
+
+
+def test_stat_ticks_are_utime_plus_stime_after_the_name() -> None:
+    assert bench.proc_stat_ticks_s(STAT, 100) == pytest.approx(0.50)  # (37 + 13) ticks at 100 Hz
+
+
+def test_schedstat_fields() -> None:
+    assert bench.proc_schedstat_s("1500000000 250000 42\n") == pytest.approx(1.5)
+    assert bench.proc_schedstat_runs("1500000000 250000 42\n") == 42
+
+
+def test_per_second_keys_threads_by_tid() -> None:
+    before = {("gpumem-sampler", 10): 1.0, ("gpumem-panel-writer", 11): 2.0, ("gpumem-sampler", 9): 5.0}
+    after = {
+        ("gpumem-sampler", 10): 1.5,  # the same thread: 0.5 s more
+        ("gpumem-sampler", 12): 0.25,  # a namesake started in between: counted from 0
+        ("gpumem-panel-writer", 11): 3.0,  # tid 9 ended in between: not counted, not subtracted
+    }
+    rates = bench.per_second(after, before, 2.0)
+    assert rates == {"gpumem-sampler": pytest.approx(0.375), "gpumem-panel-writer": pytest.approx(0.5)}
+
+
+def test_method_check_line_names_each_method() -> None:
+    burner, sleeper = bench.METHOD_CHECK_NAMES
+    check = {
+        "burn_ms_per_s": 50.0,
+        "burner_self_metered_ms_per_s": 49.9,
+        "measured_ms_per_s": {
+            "clock": {burner: 49.8, sleeper: 0.41},
+            "proc_schedstat": {burner: 49.8, sleeper: 0.41},
+            "proc_ticks": {burner: 50.0},
+        },
+        "clock_read_other_thread_us": 0.4,
+    }
+    line = bench.method_check_line(check)
+    assert line.startswith("method check: burner 50.0 ms/s (self-metered 49.9) measured 49.8 (clock) / 49.8 ")
+    assert "/ 50 (proc ticks)" in line
+    assert "sleeper at 10 Hz 0.41 / 0.41 / 0;" in line
+    assert "costs 0.40 us" in line
