@@ -151,10 +151,12 @@ def wait_for_output(cell_or_page: Locator | Page, text: str | re.Pattern[str], t
     raise AssertionError(f"no output containing {text!r} within {timeout}s; outputs were:\n{seen[-2000:]}")
 
 
-def readme_screenshot(target: Locator, name: str) -> Path | None:
+def readme_screenshot(target: Locator, name: str, *, down_to: Locator | None = None) -> Path | None:
     """Save ``target`` (an element) as ``$GPUMEM_SCREENSHOTS/<name>.png`` for the README; None when unset.
 
-    Only ``make screenshots`` sets it, so an ordinary test run never rewrites the tracked pictures.
+    ``down_to`` (an element inside ``target``) ends the picture a little under that element, so a tall
+    sidebar's empty bottom is left out. Only ``make screenshots`` sets the variable, so an ordinary
+    test run never rewrites the tracked pictures.
     """
     folder = os.environ.get("GPUMEM_SCREENSHOTS")
     if not folder:
@@ -162,5 +164,10 @@ def readme_screenshot(target: Locator, name: str) -> Path | None:
     path = Path(folder) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     target.scroll_into_view_if_needed()
-    target.screenshot(path=str(path), animations="disabled", caret="hide")
+    box, end = target.bounding_box(), down_to.bounding_box() if down_to is not None else None
+    if box is None or end is None:
+        target.screenshot(path=str(path), animations="disabled", caret="hide")
+        return path
+    height = min(box["height"], end["y"] + end["height"] + 8 - box["y"])
+    target.page.screenshot(path=str(path), animations="disabled", caret="hide", clip={**box, "height": height})
     return path

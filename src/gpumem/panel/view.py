@@ -42,6 +42,9 @@ _STYLE = """<style>
  background:var(--jp-layout-color1,#fff);color:var(--jp-ui-font-color1,#1f2937);
  font-family:var(--jp-ui-font-family,system-ui,-apple-system,'Segoe UI',sans-serif);box-sizing:border-box}
 .gpumem-panel>*{margin-left:0!important;margin-right:0!important;max-width:100%}
+/* ipywidgets sets HTML content's line-height to a widget's 28px: too loose for text that wraps. */
+.gpumem-panel .widget-html>.widget-html-content,
+.gpumem-panel .jupyter-widget-html>.jupyter-widget-html-content{line-height:1.4}
 .gpumem-panel .gm-title{font-weight:600;font-size:13px;margin:0 0 4px}
 .gpumem-panel .gm-cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(112px,1fr));gap:6px;margin-top:6px}
 .gpumem-panel .gm-card{min-width:0;padding:3px 6px 4px;border-radius:4px;
