@@ -45,7 +45,7 @@ from _harness.lab_page import (
 )
 from _harness.notebooks import JupyterEnv, cell_text, make_jupyter_env, make_notebook, notebook_text, run_notebook
 from _harness.servers import JupyterServer, start_jupyter_server
-from _harness.shell import reset_shell, run_cell_capture
+from _harness.shell import gpumem_loaded, reset_shell, run_cell_capture
 
 __all__ = [
     "CHROMIUM_ARGS",
@@ -66,6 +66,7 @@ __all__ = [
     "console_messages",
     "cuda_status",
     "gpu_required",
+    "gpumem_loaded",
     "kernel_status",
     "make_jupyter_env",
     "make_notebook",

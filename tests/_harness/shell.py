@@ -121,6 +121,42 @@ def ip() -> Iterator[InteractiveShell]:
         reset_shell(shell)
 
 
+@contextlib.contextmanager
+def gpumem_loaded(shell: InteractiveShell, source: Any = None) -> Iterator[InteractiveShell]:
+    """``shell`` with gpumem loaded over a monitor of ``source`` (the real system when None), unloaded after."""
+    from gpumem.core.monitor import Monitor, set_default_monitor
+
+    set_default_monitor(Monitor() if source is None else Monitor(source))
+    assert shell.run_cell("%load_ext gpumem").success  # type: ignore[no-untyped-call]
+    try:
+        yield shell
+    finally:
+        shell.run_cell("%unload_ext gpumem")  # type: ignore[no-untyped-call]
+        set_default_monitor(None)
+
+
+@pytest.fixture
+def gpu(ip: InteractiveShell) -> Iterator[InteractiveShell]:
+    """The shell with ``torch`` and ``MIB`` in its namespace, CUDA initialized on device 0, its cache emptied and
+    gpumem loaded.
+
+    Afterwards the namespace is reset and the cache emptied again, so the next test starts from the
+    same allocator state.
+    """
+    torch = pytest.importorskip("torch")
+    ip.user_ns.update(torch=torch, MIB=1 << 20)
+    assert ip.run_cell("torch.zeros(1, device='cuda:0'); torch.cuda.synchronize(0)").success  # type: ignore[no-untyped-call]
+    gc.collect()
+    torch.cuda.empty_cache()
+    try:
+        with gpumem_loaded(ip):
+            yield ip
+    finally:
+        ip.reset(new_session=False)  # type: ignore[no-untyped-call]
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def run_cell_capture(shell: InteractiveShell, code: str, *, raise_on_error: bool = False) -> tuple[Any, CapturedIO]:
     """Run ``code`` like a notebook cell; return ``(ExecutionResult, CapturedIO)``.
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,6 @@ import pytest
 
 from _harness import run_cell_capture
 from gpumem.core.cells import CellRecord, DeviceChange
-from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
 
 pytestmark = pytest.mark.gpu
@@ -23,25 +20,6 @@ pytestmark = pytest.mark.gpu
 GIB = 1 << 30
 MIB = 1 << 20
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-@pytest.fixture
-def gpu(ip: Any) -> Iterator[Any]:
-    torch = pytest.importorskip("torch")
-    ip.user_ns["torch"] = torch
-    assert ip.run_cell("torch.zeros(1, device='cuda:0'); torch.cuda.synchronize(0)").success
-    gc.collect()
-    torch.cuda.empty_cache()
-    set_default_monitor(Monitor())
-    assert ip.run_cell("%load_ext gpumem").success
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
-        ip.reset(new_session=False)
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def last() -> CellRecord:

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from _harness import run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.profile import MANY_OPERATOR_CALLS, CellProfiler, ProfileCost, ProfileReport, operator_rows
 
 MATRIX_BYTES = 1000 * 1000 * 4  # one float32 1000x1000 tensor
@@ -19,13 +18,8 @@ MATRIX_BYTES = 1000 * 1000 * 4  # one float32 1000x1000 tensor
 
 @pytest.fixture
 def shell(ip: Any) -> Iterator[Any]:
-    set_default_monitor(Monitor())
-    assert ip.run_cell("%load_ext gpumem").success
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip) as loaded:
+        yield loaded
 
 
 def _profile_text(cap: Any) -> str:

@@ -4,14 +4,11 @@ block sizes; the summary's figures are compared with ``torch.cuda.memory_stats``
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from _harness import run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.core.profile import CellProfiler
 from gpumem.core.sources import SystemSource
 from gpumem.core.summary import summaries
@@ -20,26 +17,6 @@ from gpumem.core.units import format_bytes
 pytestmark = pytest.mark.gpu
 
 MIB = 1 << 20
-
-
-@pytest.fixture
-def gpu(ip: Any) -> Iterator[Any]:
-    torch = pytest.importorskip("torch")
-    ip.user_ns["torch"] = torch
-    ip.user_ns["MIB"] = MIB
-    assert ip.run_cell("torch.zeros(1, device='cuda:0'); torch.cuda.synchronize(0)").success
-    gc.collect()
-    torch.cuda.empty_cache()
-    set_default_monitor(Monitor())
-    assert ip.run_cell("%load_ext gpumem").success
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
-        ip.reset(new_session=False)
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def _profile_text(cap: Any) -> str:

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from _harness import run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.ipython.trace_cell import cell_numbers
 from gpumem.testing import FakeSource
 
@@ -22,13 +21,8 @@ NO_CUDA = (
 
 @pytest.fixture
 def shell(ip: Any) -> Iterator[Any]:
-    set_default_monitor(Monitor(FakeSource(devices=1)))
-    assert ip.run_cell("%load_ext gpumem").success
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip, FakeSource(devices=1)) as loaded:
+        yield loaded
 
 
 def test_without_cuda_one_line_and_the_cell_runs(shell: Any) -> None:

@@ -4,42 +4,20 @@ size here is a multiple of 512 B, so the requested size the trace records is the
 
 from __future__ import annotations
 
-import gc
 import inspect
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from _harness import run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.core.trace import SKIPPED_ACTIONS, TraceRecorder
 from gpumem.core.trace.analysis import analyse_snapshot
 
 pytestmark = pytest.mark.gpu
 
 MIB = 1 << 20
-
-
-@pytest.fixture
-def gpu(ip: Any) -> Iterator[Any]:
-    torch = pytest.importorskip("torch")
-    ip.user_ns["torch"] = torch
-    assert ip.run_cell("torch.zeros(1, device='cuda:0'); torch.cuda.synchronize(0)").success
-    gc.collect()
-    torch.cuda.empty_cache()
-    set_default_monitor(Monitor())
-    assert ip.run_cell("%load_ext gpumem").success
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
-        ip.reset(new_session=False)
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def trace_text(cap: Any) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from _harness import run_cell_capture
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
@@ -27,14 +27,9 @@ def fake() -> FakeSource:
 
 @pytest.fixture
 def shell(ip: Any, fake: FakeSource) -> Iterator[Any]:
-    set_default_monitor(Monitor(fake))
-    assert ip.run_cell("%load_ext gpumem").success
-    ip.user_ns.update(src=fake, GIB=GIB, MIB=MIB)
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip, fake) as loaded:
+        loaded.user_ns.update(src=fake, GIB=GIB, MIB=MIB)
+        yield loaded
 
 
 def usage_error(shell: Any, cell: str) -> str:

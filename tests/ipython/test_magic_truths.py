@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from _harness import run_cell_capture
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.core.sources import SystemSource
 from gpumem.testing import FakeSource
@@ -18,13 +18,8 @@ from gpumem.testing import FakeSource
 
 @pytest.fixture
 def real(ip: Any) -> Iterator[Any]:
-    set_default_monitor(Monitor(SystemSource()))
-    assert ip.run_cell("%load_ext gpumem").success
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip, SystemSource()) as loaded:
+        yield loaded
 
 
 def _refusal(shell: Any, cell: str) -> str:

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from _harness import run_cell_capture
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.cells import CellRecord
-from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
 from gpumem.testing import GIB, MIB, FakeSource
 
@@ -29,15 +28,9 @@ def fake() -> FakeSource:
 
 @pytest.fixture
 def shell(ip: Any, fake: FakeSource) -> Iterator[Any]:
-    set_default_monitor(Monitor(fake))
-    result = ip.run_cell("%load_ext gpumem")
-    assert result.success
-    ip.user_ns.update(src=fake, GIB=GIB, MIB=MIB)
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip, fake) as loaded:
+        loaded.user_ns.update(src=fake, GIB=GIB, MIB=MIB)
+        yield loaded
 
 
 def history() -> tuple[CellRecord, ...]:
@@ -398,13 +391,8 @@ def test_sizes() -> None:
 
 @pytest.fixture
 def real_shell(ip: Any) -> Iterator[Any]:
-    set_default_monitor(Monitor())
-    assert ip.run_cell("%load_ext gpumem").success
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip) as loaded:
+        yield loaded
 
 
 def test_host_rss_of_a_256_mib_array(real_shell: Any) -> None:

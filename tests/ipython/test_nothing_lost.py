@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from traitlets.config import Config, PyFileConfigLoader
 
-from _harness import run_cell_capture
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.cells import history as history_module
 from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
@@ -32,14 +32,9 @@ def fake() -> FakeSource:
 
 @pytest.fixture
 def shell(ip: Any, fake: FakeSource) -> Iterator[Any]:
-    set_default_monitor(Monitor(fake))
-    assert ip.run_cell("%load_ext gpumem").success
-    ip.user_ns.update(src=fake, MIB=MIB)
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip, fake) as loaded:
+        loaded.user_ns.update(src=fake, MIB=MIB)
+        yield loaded
 
 
 def settings() -> Any:

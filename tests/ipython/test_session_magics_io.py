@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from _harness import run_cell_capture
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.core.session_io import read_session
 from gpumem.ipython import extension as _extension
@@ -42,14 +42,9 @@ def fake() -> StatsSource:
 
 @pytest.fixture
 def shell(ip: Any, fake: StatsSource) -> Iterator[Any]:
-    set_default_monitor(Monitor(fake))
-    assert ip.run_cell("%load_ext gpumem").success
-    ip.user_ns.update(src=fake, MIB=MIB)
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip, fake) as loaded:
+        loaded.user_ns.update(src=fake, MIB=MIB)
+        yield loaded
 
 
 def _state() -> Any:

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from _harness import run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
+from _harness import gpumem_loaded, run_cell_capture
 from gpumem.ipython import extension as _extension
 from gpumem.testing import GIB, MIB, FakeSource
 
@@ -23,14 +22,9 @@ def shell(ip: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     source = FakeSource(segments=True)
-    set_default_monitor(Monitor(source))
-    assert ip.run_cell("%load_ext gpumem").success
-    ip.user_ns.update(src=source, GIB=GIB, MIB=MIB)
-    try:
-        yield ip
-    finally:
-        ip.run_cell("%unload_ext gpumem")
-        set_default_monitor(None)
+    with gpumem_loaded(ip, source) as loaded:
+        loaded.user_ns.update(src=source, GIB=GIB, MIB=MIB)
+        yield loaded
 
 
 def texts(cap: Any) -> list[str]:
