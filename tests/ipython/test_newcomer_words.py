@@ -127,3 +127,15 @@ def test_status_prints_the_figures_now_as_the_terminal_monitor_note_promises(she
     assert snapshot.host is not None
     assert lines[2] == f"  now      host RSS {format_bytes(snapshot.host.rss_bytes)} (this process)"
     assert lines[3].startswith("  torch")
+
+
+def test_help_usage_lines_are_filled_and_aligned_under_the_first_option(shell: Any) -> None:
+    _result, cap = run_cell_capture(shell, "%gpumem help")
+    lines = cap.stdout.splitlines()
+    assert "%gpumem auto [--threshold SIZE] [--vars MODE] [--keep-peaks] [--reset-peaks] [on|off]" in lines
+    start = lines.index("%%gpumem [-d DEVICES] [-q] [-k] [--top N] [--no-vars] [--trace]")
+    assert lines[start + 1] == "         [--trace-entries N] [--trace-save PATH] [--profile]"
+    usage = [line for line in lines if line.startswith("%") or line.lstrip().startswith("[")]
+    assert all(len(line) <= 100 for line in usage), usage
+    _result, cap = run_cell_capture(shell, "%gpumem monitor -h")
+    assert cap.stdout.splitlines()[2].startswith("%gpumem monitor [-w WINDOW]")
