@@ -11,6 +11,7 @@ import pytest
 from _harness import run_cell_capture
 from gpumem.core.cells import CellRecord
 from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.units import format_bytes
 from gpumem.ipython import extension as _extension
 from gpumem.testing import GIB, MIB, FakeSource
 
@@ -105,3 +106,36 @@ def test_own_commands_stay_out_of_the_history(shell: Any) -> None:
     run_cell_capture(shell, "%config GpuMem.record_own_commands = True")
     run_cell_capture(shell, "%gpumem status")
     assert history()[-1].first_line == "%gpumem status"
+
+
+def test_status_prints_the_figures_now_as_the_terminal_monitor_note_promises(shell: Any) -> None:
+    _result, cap = run_cell_capture(shell, "%gpumem monitor")
+    note = cap.stdout.splitlines()
+    assert len(note) == 2 and all(len(line) <= SHORT for line in note), note
+    assert "%gpumem status prints the figures now" in note[1]
+    run_cell_capture(shell, "w = src.allocate(300 * MIB)")
+    snapshot = shell.user_ns["src"].snapshot()
+    (allocator,), (whole,) = snapshot.allocator, snapshot.devices
+    _result, cap = run_cell_capture(shell, "%gpumem status")
+    lines = cap.stdout.splitlines()
+    assert lines[1] == (
+        f"  now      cuda:0 allocated {format_bytes(allocator.allocated_bytes)}, "
+        f"reserved {format_bytes(allocator.reserved_bytes)}, device used {format_bytes(whole.used_bytes)} "
+        f"of {format_bytes(whole.total_bytes)} (all processes)"
+    )
+    assert allocator.allocated_bytes >= 300 * MIB
+    assert snapshot.host is not None
+    assert lines[2] == f"  now      host RSS {format_bytes(snapshot.host.rss_bytes)} (this process)"
+    assert lines[3].startswith("  torch")
+
+
+def test_help_usage_lines_are_filled_and_aligned_under_the_first_option(shell: Any) -> None:
+    _result, cap = run_cell_capture(shell, "%gpumem help")
+    lines = cap.stdout.splitlines()
+    assert "%gpumem auto [--threshold SIZE] [--vars MODE] [--keep-peaks] [--reset-peaks] [on|off]" in lines
+    start = lines.index("%%gpumem [-d DEVICES] [-q] [-k] [--top N] [--no-vars] [--trace]")
+    assert lines[start + 1] == "         [--trace-entries N] [--trace-save PATH] [--profile]"
+    usage = [line for line in lines if line.startswith("%") or line.lstrip().startswith("[")]
+    assert all(len(line) <= 100 for line in usage), usage
+    _result, cap = run_cell_capture(shell, "%gpumem monitor -h")
+    assert cap.stdout.splitlines()[2].startswith("%gpumem monitor [-w WINDOW]")

@@ -13,6 +13,7 @@ the answer; its docstring is its help. How a ``%%gpumem`` cell runs is in
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -106,7 +107,31 @@ def _plain(docstring: str) -> str:
     lines = inspect.cleandoc(docstring).splitlines()
     if lines and lines[0].strip() == "::":
         lines = lines[2:] if len(lines) > 1 and not lines[1].strip() else lines[1:]
-    return inspect.cleandoc("\n".join(lines))
+    return inspect.cleandoc("\n".join(_aligned_usage(lines)))
+
+
+_HELP_WIDTH = 100  # the width of the descriptions under each usage line
+
+
+def _aligned_usage(lines: list[str]) -> list[str]:
+    """argparse wraps the usage line narrow and indents it under ``usage: %gpumem NAME``; IPython drops
+    ``usage: ``. Refill it to the width of the text below, continuation lines under the first option."""
+    usage = lines[0].strip() if lines else ""
+    if not usage.startswith("%"):
+        return lines
+    name = " ".join(itertools.takewhile(lambda word: not word.startswith(("[", "-")), usage.split(" ")))
+    pieces = [usage]
+    rest = 1
+    while rest < len(lines) and lines[rest].startswith(" ") and lines[rest].strip():
+        pieces.append(lines[rest].strip())
+        rest += 1
+    filled = [pieces[0]]
+    for piece in pieces[1:]:
+        if len(filled[-1]) + 1 + len(piece) <= _HELP_WIDTH:
+            filled[-1] += " " + piece
+        else:
+            filled.append(" " * (len(name) + 1) + piece)
+    return filled + lines[rest:]
 
 
 def full_help() -> str:

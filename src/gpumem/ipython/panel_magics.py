@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -11,7 +12,6 @@ from gpumem.ipython.arguments import (
     UsageError,
     argument,
     check_devices_exist,
-    display,
     magic_arguments,
     parse_argstring,
 )
@@ -21,9 +21,11 @@ from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
 if TYPE_CHECKING:
     from argparse import Namespace
 
+    from IPython.display import DisplayHandle
+
     from gpumem.panel.widget import Panel
 
-__all__ = ["magic_monitor", "magic_sidebar"]
+__all__ = ["CLOSED_NOTE", "magic_monitor", "magic_sidebar"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -84,8 +86,8 @@ def _has_kernel(shell: Any) -> bool:
 
 
 _NO_KERNEL = (
-    "The live panel is a Jupyter widget and needs a notebook front end (JupyterLab, Notebook 7, VS Code); "
-    "this IPython has no kernel. %gpumem status prints the figures as text."
+    "The live panel is a Jupyter widget and needs a notebook front end (JupyterLab, Notebook 7, VS Code).\n"
+    "This IPython has no kernel: %gpumem status prints the figures now (allocated, reserved, device used, host RSS)."
 )
 
 
@@ -102,6 +104,7 @@ def magic_monitor(shell: Any, line: str) -> None:
     if args.close:
         count = len(open_panels())
         close_all()
+        _note_closed()
         print(f"Closed {count} panel{'s' if count != 1 else ''}.")
         return
     options = _panel_options(args)
@@ -111,7 +114,7 @@ def magic_monitor(shell: Any, line: str) -> None:
         return
     from gpumem.panel.widget import Panel
 
-    display(Panel(shell=shell, **options))
+    _show(Panel(shell=shell, **options))
 
 
 @magic_arguments(name="gpumem sidebar")
@@ -155,5 +158,29 @@ _DEFAULTS: dict[str, Any] = {
 
 def _show_inline(panel: Panel, note: str) -> None:
     print(note)
-    display(panel)
+    _show(panel)
 
+
+CLOSED_NOTE = "gpumem panel closed (%gpumem monitor to open it again)"
+
+# The outputs showing a panel: where the panel was, a closed panel leaves the note instead
+# of an empty gap (the front end removes a closed widget's view).
+# Weak references: a panel closed any other way is not kept alive by this list.
+_shown: list[tuple[weakref.ref[Panel], DisplayHandle]] = []
+
+
+def _show(panel: Panel) -> None:
+    from IPython.display import display as ipython_display
+
+    handle = ipython_display(panel, display_id=True)  # type: ignore[no-untyped-call]
+    if handle is not None:
+        _shown.append((weakref.ref(panel), handle))
+
+
+def _note_closed() -> None:
+    """Replace the output of each closed panel shown by these magics with the note saying how to reopen it."""
+    for entry in list(_shown):
+        panel = entry[0]()
+        if panel is None or panel.closed:
+            _shown.remove(entry)
+            entry[1].update({"text/plain": CLOSED_NOTE}, raw=True)  # type: ignore[no-untyped-call]

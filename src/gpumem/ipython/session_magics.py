@@ -154,11 +154,12 @@ def _export(records: Sequence[CellRecord], kind: str, target: Path, *, force: bo
 
 @magic_arguments("gpumem status")
 def magic_status(state: ExtensionState, line: str) -> None:
-    """Show what gpumem can read here (PyTorch allocator, NVML, host), the automatic mode, the sampler, and
-    the standing conditions: what holds now of what the warnings say (a device nearly full or fragmented,
+    """Show the figures now (per device: PyTorch allocated and reserved, whole-device used; host RSS), what
+    gpumem can read here (PyTorch allocator, NVML, host), the automatic mode, the sampler, and the standing
+    conditions: what holds now of what the warnings say (a device nearly full or fragmented,
     autograd graphs or outputs kept alive), each warned of once under the cell that caused it."""
     parse_argstring(magic_status, line)
-    lines = ["gpumem status"]
+    lines = ["gpumem status", *_now_lines(state)]
     lines.extend(f"  {reader:<8} {status}" for reader, status in state.monitor.status().items())
     sampler = state.monitor.sampler
     cost = sampler.cost()
@@ -183,6 +184,34 @@ def magic_status(state: ExtensionState, line: str) -> None:
     lines.append(f"  history  {cells} recorded (keeps up to {state.tracker.history_size:,})")
     lines.extend(_standing_lines(state))
     print("\n".join(lines))
+
+
+def _now_lines(state: ExtensionState) -> list[str]:
+    """One snapshot through the monitor's reader: the figures now, a line per device and one for the host,
+    each labelled ``now`` (a terminal has no panel; these are its figures)."""
+    try:
+        snapshot = state.monitor.snapshot()
+    except Exception as error:
+        return [f"  now      could not be read ({type(error).__name__}: {error})"]
+    devices = sorted({r.device for r in snapshot.allocator} | {r.device for r in snapshot.devices})
+    lines = []
+    for device in devices:
+        figures = []
+        allocator = snapshot.allocator_for(device)
+        if allocator is not None:
+            figures.append(f"allocated {format_bytes(allocator.allocated_bytes)}")
+            figures.append(f"reserved {format_bytes(allocator.reserved_bytes)}")
+        whole = snapshot.device_for(device)
+        if whole is not None:
+            figures.append(
+                f"device used {format_bytes(whole.used_bytes)} of {format_bytes(whole.total_bytes)} (all processes)"
+            )
+        lines.append(f"cuda:{device} " + ", ".join(figures))
+    if not devices:
+        lines.append("no CUDA device in use")
+    if snapshot.host is not None:
+        lines.append(f"host RSS {format_bytes(snapshot.host.rss_bytes)} (this process)")
+    return ["  now      " + text for text in lines]
 
 
 def _standing_lines(state: ExtensionState) -> list[str]:

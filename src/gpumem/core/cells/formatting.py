@@ -14,6 +14,9 @@ STYLE = (
     ".gpumem-report th,.gpumem-report td{padding:1px 8px;text-align:right;border:none;white-space:nowrap}"
     ".gpumem-report th:first-child,.gpumem-report td:first-child{text-align:left}"
     ".gpumem-report td.src{text-align:left;font-family:var(--jp-code-font-family,monospace)}"
+    # A source column that ends a row (history's first line) wraps, anywhere since code has long words,
+    # so the table never outgrows the output area; names in the report's first column stay on one line.
+    ".gpumem-report td.src:last-child{white-space:normal;overflow-wrap:anywhere;min-width:16em}"
     ".gpumem-report th.src{text-align:left}"
     ".gpumem-report thead th{border-bottom:1px solid var(--jp-border-color2,#ccc);font-weight:600}"
     ".gpumem-report .up{color:var(--jp-error-color1,#c62828)}"
