@@ -426,7 +426,9 @@ def test_a_model_and_adamw_by_kind_and_the_gradients_note(gpu: Any) -> None:
     assert set(deltas) == {"parameters", "gradients", "optimizer state", "cuBLAS workspaces"}, deltas
     assert deltas["cuBLAS workspaces"] == device0(record).allocated_delta_bytes - 4 * params
     if torch.cuda.get_device_capability(0) == (9, 0) and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
-        assert deltas["cuBLAS workspaces"] == 2 * 32 * MIB
+        # Two 32 MiB cuBLAS workspaces (this thread's and autograd's) and at most one 1 MiB cuBLASLt one each:
+        # 65 MiB on an H200 with torch 2.11.
+        assert 2 * 32 * MIB <= deltas["cuBLAS workspaces"] <= 2 * 33 * MIB
     text = cap.outputs[-1].data["text/plain"]
     assert (
         "by kind (since the start of the cell): parameters +64.0 MiB, gradients +64.0 MiB, optimizer state +128.0 MiB"
@@ -462,7 +464,9 @@ def test_automatic_mode_names_the_kinds_of_backward_and_step_cells(gpu: Any) -> 
     assert deltas["gradients"] == params
     assert deltas["cuBLAS workspaces"] == device0(last()).allocated_delta_bytes - params
     if torch.cuda.get_device_capability(0) == (9, 0) and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
-        assert deltas["cuBLAS workspaces"] == 2 * 32 * MIB
+        # Two 32 MiB cuBLAS workspaces (this thread's and autograd's) and at most one 1 MiB cuBLASLt one each:
+        # 65 MiB on an H200 with torch 2.11.
+        assert 2 * 32 * MIB <= deltas["cuBLAS workspaces"] <= 2 * 33 * MIB
     assert "; by kind gradients +64.0 MiB" in cap.outputs[-1].data["text/plain"]
     result, cap = run_cell_capture(gpu, "opt.step()")  # rebinds nothing: the whole namespace is walked
     assert result.success

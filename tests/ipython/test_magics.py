@@ -73,6 +73,14 @@ def test_body_runs_exactly_like_a_normal_cell(shell: Any) -> None:
     assert record.mode == "magic"
 
 
+def test_a_body_run_by_run_cell_magic_is_named_after_the_calling_cell(shell: Any) -> None:
+    # IPython counts the running cell before it runs: the body's lines belong to the cell calling the magic.
+    call = "get_ipython().run_cell_magic('gpumem', '-q', 'import sys; here = sys._getframe().f_code.co_filename')"
+    assert run_cell_capture(shell, "x = 1")[0].success  # cell [1]
+    assert run_cell_capture(shell, call)[0].success  # cell [2]
+    assert shell.compile._filename_map[shell.user_ns["here"]] == 2
+
+
 def test_semicolon_magics_and_await_inside_the_body(shell: Any) -> None:
     shell.user_ns["_"] = "before"
     result, _cap = run_cell_capture(shell, "%%gpumem\n41 + 1;")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import linecache
 import re
+import sys
 from types import FrameType
 from typing import Any, NamedTuple, cast
 
@@ -206,10 +207,28 @@ _FRAMES_SEARCHED = 16  # from the magic up to the cell: IPython's run_line_magic
 _CACHE_ENTRY_FIELDS = 4  # linecache's (size, mtime, lines, full name)
 
 
+def _calling_cell_number(shell: Any) -> int:
+    """The number of the cell whose code called the magic, so the body's lines are named after that cell.
+
+    IPython counts the running cell before it runs, so ``execution_count`` is already the next
+    cell's number; the calling cell's compiled filename says which cell it is.
+    """
+    numbers = getattr(shell.compile, "_filename_map", None)
+    frame: FrameType | None = sys._getframe(1)  # noqa: SLF001 - the caller's frame, without inspect's cost
+    for _ in range(_FRAMES_SEARCHED):
+        if frame is None:
+            break
+        number = numbers.get(frame.f_code.co_filename) if isinstance(numbers, dict) else None
+        if isinstance(number, int):
+            return number
+        frame = frame.f_back
+    return int(shell.execution_count)
+
+
 def run_body(shell: Any, body: str) -> Any:
     """Run ``body`` in the user namespace like ``%%time`` does; returns the last expression's value."""
     code = shell.transform_cell(body)
-    filename = shell.compile.cache(code, shell.execution_count, raw_code=body)
+    filename = shell.compile.cache(code, _calling_cell_number(shell), raw_code=body)
     tree = shell.compile.ast_parse(code, filename=filename)
     tree = shell.transform_ast(tree)
     last: ast.Expression | None = None
