@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import JupyterEnv, cuda_status, notebook_text, run_notebook
+from _harness import JupyterEnv, artifacts_path, cuda_status, notebook_text, run_notebook
 from gpumem.ipython.panel_magics import CLOSED_NOTE
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -101,6 +101,8 @@ def _figures(nb) -> dict[tuple[str, str], int]:
 @pytest.mark.gpu
 def test_gpu_tour_finds_each_leak(tmp_path: Path, jupyter_env: JupyterEnv) -> None:
     nb = run_notebook(NOTEBOOKS / "gpu_tour.ipynb", jupyter_env=jupyter_env, cwd=tmp_path, timeout=600)
+    # What the tour printed, kept for reading when an assertion below fails on the GPU machine.
+    (artifacts_path() / "gpu_tour_outputs.txt").write_text(notebook_text(nb), encoding="utf-8")
     assert _errors(nb) == []
     figures = _figures(nb)
     drop = {label: figures["before", label] - figures["after", label] for _phase, label in figures}
