@@ -42,6 +42,27 @@ def test_host_rss_follows_a_real_allocation():
     assert 0.9 * block.nbytes < grown < 1.2 * block.nbytes
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/statm is Linux's")
+def test_host_rss_from_statm_is_psutils_figure_and_psutil_takes_over_when_it_fails(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    from gpumem.core import sources
+
+    source = HostSource()
+    process = psutil.Process()
+    reading = source.read()
+    assert reading is not None and source._statm is not None
+    pairs = [(source.read().rss_bytes, process.memory_info().rss) for _ in range(5)]
+    assert any(ours == theirs for ours, theirs in pairs), pairs  # the same figure when nothing moved between reads
+
+    def broken(self):
+        raise OSError("statm went away")
+
+    monkeypatch.setattr(sources._Statm, "rss_bytes", broken)
+    fallback = source.read()
+    assert fallback is not None and source._statm is None
+    assert abs(fallback.rss_bytes - process.memory_info().rss) < 16 * 2**20
+
+
 def test_torch_source_says_why_it_is_unavailable_without_touching_cuda(monkeypatch):
     source = TorchAllocatorSource()
     monkeypatch.delitem(sys.modules, "torch", raising=False)
