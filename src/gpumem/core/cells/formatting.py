@@ -16,8 +16,11 @@ STYLE = (
     ".gpumem-report td.src{text-align:left;font-family:var(--jp-code-font-family,monospace)}"
     # A source column that ends a row (history's first line) wraps, anywhere since code has long words,
     # so the table never outgrows the output area; names in the report's first column stay on one line.
-    ".gpumem-report td.src:last-child{white-space:normal;overflow-wrap:anywhere;min-width:16em}"
+    ".gpumem-report td.src:last-child{white-space:normal;overflow-wrap:anywhere;min-width:12em}"
     ".gpumem-report th.src{text-align:left}"
+    # History: headings and the by-kind phrase wrap between words, so many device columns still fit.
+    ".gpumem-report table.history th{white-space:normal}"
+    ".gpumem-report td.words{white-space:normal;text-align:left;min-width:7em}"
     ".gpumem-report thead th{border-bottom:1px solid var(--jp-border-color2,#ccc);font-weight:600}"
     ".gpumem-report .up{color:var(--jp-error-color1,#c62828)}"
     ".gpumem-report .down{color:var(--jp-success-color1,#2e7d32)}"

@@ -86,12 +86,16 @@ class HistoryTable:
             return f'<div class="gpumem-report">{self._empty_text()}</div>'
         header, rows = self._columns()
         e = html.escape
-        parts = [STYLE, '<div class="gpumem-report"><table><thead><tr>']
+        parts = [STYLE, '<div class="gpumem-report"><table class="history"><thead><tr>']
         parts += [f"<th>{e(name)}</th>" for name in header[:-1]]
         parts.append(f'<th class="src">{e(header[-1])}</th>')
         parts.append("</tr></thead><tbody>")
+        words = header.index("by kind")  # a phrase: it may wrap between words, as the first line may
         for row in rows:
-            cells = [f"<td>{e(value)}</td>" for value in row[:-1]]
+            cells = [
+                f'<td class="words">{e(value)}</td>' if i == words else f"<td>{e(value)}</td>"
+                for i, value in enumerate(row[:-1])
+            ]
             cells.append(f'<td class="src">{e(row[-1])}</td>')
             parts.append("<tr>" + "".join(cells) + "</tr>")
         parts.append("</tbody></table>")
