@@ -45,7 +45,7 @@ from _harness.lab_page import (
 )
 from _harness.notebooks import JupyterEnv, cell_text, make_jupyter_env, make_notebook, notebook_text, run_notebook
 from _harness.servers import JupyterServer, start_jupyter_server
-from _harness.shell import gpumem_loaded, reset_shell, run_cell_capture
+from _harness.shell import cpu_holders, gpumem_loaded, reset_shell, run_cell_capture, walk_cpu_tensors
 
 __all__ = [
     "CHROMIUM_ARGS",
@@ -64,6 +64,7 @@ __all__ = [
     "check_gpu_item",
     "chromium_path",
     "console_messages",
+    "cpu_holders",
     "cuda_status",
     "gpu_required",
     "gpumem_loaded",
@@ -83,4 +84,5 @@ __all__ = [
     "wait_for_cell_done",
     "wait_for_kernel_idle",
     "wait_for_output",
+    "walk_cpu_tensors",
 ]

@@ -8,7 +8,7 @@ import gc
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -119,6 +119,24 @@ def ip() -> Iterator[InteractiveShell]:
     finally:
         _restore(shell, snap)
         reset_shell(shell)
+
+
+def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
+    """A holder finder for the cell tracker that looks for CPU tensors (CI has no CUDA tensors to find)."""
+    from gpumem.core.holders import find_holders
+
+    if names is None:
+        return find_holders(namespace, device="cpu")
+    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
+
+
+def walk_cpu_tensors() -> None:
+    """Let the loaded extension attribute CPU tensors."""
+    from gpumem.ipython import extension
+
+    state = extension.get_state()
+    assert state is not None
+    state.tracker.holder_finder = cpu_holders
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from _harness import cpu_holders
 from gpumem.core.cells import (
     KEPT_PEAK_NOTE,
     PEAK_RESET_NOTE,
@@ -298,14 +299,6 @@ def test_first_line_skips_blank_lines_and_cell_magic_headers() -> None:
 
 
 # Variable attribution with real torch tensors (on the CPU) and the real holders walk ----------------
-
-
-def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
-    from gpumem.core.holders import find_holders
-
-    if names is None:
-        return find_holders(namespace, device="cpu")
-    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
 
 
 @pytest.fixture

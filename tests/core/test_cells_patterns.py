@@ -4,11 +4,12 @@ CUDA figures, real torch CPU tensors and the real holders walk (on the CPU) for 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 
+from _harness import cpu_holders
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.cells.report import CellReport, CellSummary, HistoryTable, record_to_dict
 from gpumem.core.monitor import Monitor
@@ -16,14 +17,6 @@ from gpumem.core.sampler import channels_of
 from gpumem.testing import MIB, FakeSource
 
 ACTIVATIONS = "activations (saved by autograd graphs)"
-
-
-def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
-    from gpumem.core.holders import find_holders
-
-    if names is None:
-        return find_holders(namespace, device="cpu")
-    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
 
 
 @pytest.fixture

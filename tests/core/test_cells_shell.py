@@ -4,23 +4,15 @@ torch CPU tensors), the by-kind line, a staircase seen by the real sampler threa
 from __future__ import annotations
 
 import gc
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from _harness import run_cell_capture
+from _harness import cpu_holders, run_cell_capture
 from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
 from gpumem.testing import MIB, FakeSource
-
-
-def _cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
-    from gpumem.core.holders import find_holders
-
-    if names is None:
-        return find_holders(namespace, device="cpu")
-    return find_holders(namespace, device="cpu", names=names, include_hidden=False)
 
 
 def _load(ip: Any, monitor: Monitor | None) -> None:
@@ -57,7 +49,7 @@ def fake_shell(ip: Any, fake: FakeSource) -> Iterator[Any]:
     _load(ip, Monitor(fake, rate_hz=100))
     state = _extension.get_state()
     assert state is not None
-    state.tracker.holder_finder = _cpu_holders
+    state.tracker.holder_finder = cpu_holders
     ip.user_ns.update(src=fake, MIB=MIB)
     try:
         yield ip

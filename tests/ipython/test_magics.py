@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
 
-from _harness import gpumem_loaded, run_cell_capture
+from _harness import gpumem_loaded, run_cell_capture, walk_cpu_tensors
 from gpumem.core.cells import CellRecord
 from gpumem.ipython import extension as _extension
 from gpumem.testing import GIB, MIB, FakeSource
@@ -274,24 +274,9 @@ def test_leak_warning_on_rerun_in_auto_mode(shell: Any) -> None:
     assert "possible leak on re-run" in line and "32.0 MiB" in line
 
 
-def _walk_cpu_tensors() -> None:
-    """Let the loaded extension attribute CPU tensors (CI has no CUDA tensors to find)."""
-    from gpumem.core.holders import find_holders
-
-    state = _extension.get_state()
-    assert state is not None
-
-    def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
-        if names is None:
-            return find_holders(namespace, device="cpu")
-        return find_holders(namespace, device="cpu", names=names, include_hidden=False)
-
-    state.tracker.holder_finder = cpu_holders
-
-
 def test_graph_warning_with_real_tensors(shell: Any) -> None:
     torch = pytest.importorskip("torch")
-    _walk_cpu_tensors()
+    walk_cpu_tensors()
     shell.user_ns.update(torch=torch, w=torch.randn(32, 32, requires_grad=True), losses=[])
     shell.run_line_magic("gpumem", "auto on")
     cell = "loss = (w @ w).sum()\nlosses.append(loss)\nh = src.allocate(8 * MIB)"
@@ -434,7 +419,7 @@ def test_host_peak_of_a_transient_array(real_shell: Any) -> None:
 
 def test_output_cache_holding_a_tensor_is_named(shell: Any) -> None:
     torch = pytest.importorskip("torch")
-    _walk_cpu_tensors()
+    walk_cpu_tensors()
     shell.user_ns["torch"] = torch
     shell.run_line_magic("gpumem", "auto on --vars always")
     run_cell_capture(shell, "h = src.allocate(MIB)")

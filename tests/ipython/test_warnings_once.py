@@ -7,12 +7,12 @@ it as ``src``); the hooks, reports and magics are the real ones.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from _harness import gpumem_loaded, run_cell_capture
+from _harness import gpumem_loaded, run_cell_capture, walk_cpu_tensors
 from gpumem.ipython import extension as _extension
 from gpumem.testing import GIB, MIB, FakeSource
 
@@ -82,24 +82,9 @@ def test_the_transient_and_two_small_tensors_get_no_warning(shell: Any) -> None:
     assert all(not record.warnings for record in state.tracker.history)
 
 
-def _walk_cpu_tensors() -> None:
-    """Let the loaded extension attribute CPU tensors (no CUDA tensors here to find)."""
-    from gpumem.core.holders import find_holders
-
-    state = _extension.get_state()
-    assert state is not None
-
-    def cpu_holders(namespace: Mapping[str, Any], device: str, names: Collection[str] | None) -> Any:
-        if names is None:
-            return find_holders(namespace, device="cpu")
-        return find_holders(namespace, device="cpu", names=names, include_hidden=False)
-
-    state.tracker.holder_finder = cpu_holders
-
-
 def test_graph_warning_under_the_cell_that_made_the_graphs_only(shell: Any) -> None:
     torch = pytest.importorskip("torch")
-    _walk_cpu_tensors()
+    walk_cpu_tensors()
     shell.user_ns.update(torch=torch, w=torch.randn(32, 32, requires_grad=True))
     _result, cap = run_cell_capture(shell, "%%gpumem\nouts = [(w @ w).sum() for _ in range(4)]\nh = src.allocate(MIB)")
     assert "<code>outs[0]</code> … <code>outs[3]</code> (4 elements) keep their whole autograd" in report_html(cap)
