@@ -51,6 +51,7 @@ def test_host_rss_from_statm_is_psutils_figure_and_psutil_takes_over_when_it_fai
     process = psutil.Process()
     reading = source.read()
     assert reading is not None and source._statm is not None
+    assert source._statm._pread is not None  # libc's pread, called with the GIL held
     pairs = [(source.read().rss_bytes, process.memory_info().rss) for _ in range(5)]
     assert any(ours == theirs for ours, theirs in pairs), pairs  # the same figure when nothing moved between reads
 
