@@ -44,21 +44,35 @@ class RunningMeasurements:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cells: weakref.WeakSet[_Measured] = weakref.WeakSet()
+        # Weak references to the unfinished measurements: a block dropped unfinished stops counting when it
+        # is collected. A dict of refs, not a WeakSet, because this is read twice a cell and a WeakSet's
+        # guarded iteration costs several times as much; finished measurements are dropped as they are seen.
+        self._cells: dict[int, weakref.ref[_Measured]] = {}
 
     def add(self, cell: _Measured) -> None:
         with self._lock:
-            self._cells.add(cell)
+            self._cells[id(cell)] = weakref.ref(cell)
 
     def others_running(self, cell: _Measured) -> bool:
         with self._lock:
-            return any(other is not cell and not other.finished for other in self._cells)
+            return any(other is not cell for other in self._unfinished())
 
     def when_idle(self, action: Callable[[], None]) -> None:
         """Run ``action`` if nothing is measured, holding off new measurements until it is done."""
         with self._lock:
-            if not any(not cell.finished for cell in self._cells):
+            if not self._unfinished():
                 action()
+
+    def _unfinished(self) -> list[_Measured]:
+        """The measurements still running; the others are forgotten (the caller holds the lock)."""
+        running = []
+        for key, ref in list(self._cells.items()):
+            cell = ref()
+            if cell is None or cell.finished:
+                del self._cells[key]
+            else:
+                running.append(cell)
+        return running
 
 
 class PeakResetCounter:
