@@ -646,12 +646,18 @@ def test_lab_sidebar_lifecycle(
     wait_label_changes(page, "train")
     save_screenshot(page, f"{request.node.name}.back")
 
-    # Closing the notebook leaves a message, not its widget.
+    # Closing the notebook never leaves its widget: a message says it was closed, or the notebook still
+    # open, whose kernel also asked for the sidebar, takes it back (which of the two depends on when that
+    # kernel's status message arrives).
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="train.ipynb").wait_for(state="detached")
     page.evaluate("() => window.jupyterapp.commands.execute('application:close')")
-    wait_sidebar_text(page, "train.ipynb was closed")
-    assert sidebar(page).locator(".widget-label").count() == 0
+    shown = wait_sidebar_text(page, re.compile(r"train\.ipynb was closed|GPU memory · other\.ipynb"))
+    labels = sidebar(page).locator(".widget-label").all_inner_texts()
+    if "was closed" in shown:
+        assert labels == []
+    else:
+        assert labels and all(label.startswith("other") for label in labels), labels
 
 
 def _second_notebook_takes_the_sidebar(page: Page, screenshot: str) -> None:
