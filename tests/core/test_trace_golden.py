@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from gpumem.core.trace import CellSnapshot, build_report
+from gpumem.core.trace.analysis import analyse_snapshot
 from gpumem.core.trace.synthetic import synthetic_snapshot
+from gpumem.core.trace.timeline import _Slices, build_timeline
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trace_snapshot.json"
 CELLS = {"/tmp/ipykernel_42/2817.py": 2, "/tmp/ipykernel_42/1001.py": 3, "/tmp/ipykernel_42/1002.py": 4}
@@ -116,3 +118,38 @@ def rendered(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_report_text_and_html_are_unchanged(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     page = rendered(name, monkeypatch)
     assert hashlib.sha256(page.encode()).hexdigest() == EXPECTED[name], f"{name}: {len(page)} characters"
+
+
+@pytest.mark.parametrize("name", ["fixture", "synthetic", "mixed", "mixed-2"])
+def test_timeline_from_arrays_equals_the_loop(name: str) -> None:
+    """The numpy path and the plain loop draw the same points (the loop remains for odd data)."""
+    taken, cells, _ = _cases()[name]
+    for trace in analyse_snapshot(taken.snapshot, first_entry=taken.first_entry, cell_numbers=cells):
+        for columns in (1, 3, 360):
+            slices = _Slices(trace, [1 + site % 3 for site in range(len(trace.sites))], columns)
+            state = [trace.start_bytes, 0, 0, 0]
+            origin = trace.first_time or 0.0
+            span = max((trace.last_time or origin) - origin, 1e-9)
+            from_arrays = slices.by_arrays(list(state), origin, span)
+            assert from_arrays is not None
+            assert from_arrays == slices.by_loop(list(state), origin, span)
+
+
+def test_sizes_that_are_not_integers_are_drawn_by_the_loop() -> None:
+    snapshot = synthetic_snapshot(3000)
+    trace, floats = analyse_snapshot(snapshot)[0], analyse_snapshot(snapshot)[0]
+    floats.deltas = [float(delta) for delta in floats.deltas]
+    assert _Slices(floats, [0] * len(floats.sites), 360).by_arrays([0], 0.0, 1.0) is None  # not for arrays
+    exact, drawn = build_timeline(trace), build_timeline(floats)
+    assert drawn.labels == exact.labels  # the same sites ranked the same, by the loop
+    assert (drawn.times, drawn.values, drawn.band_max) == (exact.times, exact.values, exact.band_max)
+    assert any(isinstance(value, float) for point in drawn.values for value in point)
+
+
+def test_frame_dicts_shared_as_torch_shares_them_give_the_same_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup by frame identity (torch's snapshot shares one dict per distinct frame) changes nothing."""
+    _fixed_uuids(monkeypatch)
+    snapshot = synthetic_snapshot(12_000, sites=30, shared_frames=True)
+    report = build_report(CellSnapshot(snapshot, {}, False, [], 200_000), cell=7)
+    page = repr(report) + "\n----\n" + report._repr_html_()
+    assert hashlib.sha256(page.encode()).hexdigest() == EXPECTED["synthetic"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate
 from typing import Any, NamedTuple
 
@@ -158,22 +159,23 @@ class _Replay:
             self.owners.append,
             self.steps.append,
         )
-        site_of, new_block, new_usage, sites = self.site_of, _Block, SiteUsage, self.sites
+        site_of, new_usage, sites = self.site_of, SiteUsage, self.sites
+        new_block = partial(tuple.__new__, _Block)  # _Block(...) runs a Python __new__: 60,000 times a cell
         for number, entry in enumerate(entries):
-            get = entry.get
-            action = get("action")
+            try:  # the keys every torch entry has, read by subscript (a third of the cost of .get)
+                action, address, time = entry["action"], entry["addr"], entry["time_us"]
+            except KeyError:
+                action, address, time = entry.get("action"), entry.get("addr", 0), entry.get("time_us", number)
             if action == "alloc":
-                address = get("addr", 0)
-                frames = get("frames") or ()
-                site, size = site_of(frames), get("size", 0)
-                live[address] = block = new_block(site, size, frames, address)
+                frames = entry.get("frames") or ()
+                site, size = site_of(frames), entry.get("size", 0)
+                live[address] = block = new_block((site, size, frames, address))
                 requested.discard(address)
-                add_time(get("time_us", number))
+                add_time(time)
                 add_delta(size)
                 add_owner(site)
                 add_step(block)
             elif action == "free_requested" or action == "free_completed":  # noqa: PLR1714 - faster than `in`
-                address = get("addr", 0)
                 if action == "free_requested":
                     requested.add(address)
                 elif address in requested:
@@ -181,9 +183,9 @@ class _Replay:
                     continue
                 freed = live.pop(address, None)
                 add_step(address)
-                add_time(get("time_us", number))
+                add_time(time)
                 if freed is None:
-                    size = int(get("size", 0))
+                    size = int(entry.get("size", 0))
                     self.freed_before += size
                     add_delta(-size)
                     add_owner(BEFORE)
@@ -200,7 +202,7 @@ class _Replay:
                     usage.largest = size
                     self.temporary_frames[site] = freed.frames
             elif action == "oom":
-                self.failed.append(int(get("size", 0)))
+                self.failed.append(int(entry.get("size", 0)))
 
 
 def _add(usage: SiteUsage, size: int) -> None:
