@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from gpumem.core.trace.sites import Frame, Site, SiteNamer
@@ -22,6 +24,7 @@ from gpumem.core.trace.sites import Frame, Site, SiteNamer
 __all__ = ["BEFORE", "DeviceTrace", "SiteUsage", "TraceEvent", "analyse_device", "analyse_snapshot", "live_blocks"]
 
 BEFORE = -1  # the site index of memory allocated before the cell (or before the trace's window)
+_STACKS_TRIED = 1024  # distinct stacks (by frame identity) looked up before deciding whether it pays
 
 
 class TraceEvent(NamedTuple):
@@ -49,7 +52,9 @@ class DeviceTrace:
 
     device: int
     sites: list[Site]
-    events: list[TraceEvent]
+    times: list[float]  # per event, in order: when (µs), its bytes (+ alloc, - free) and its site (or BEFORE)
+    deltas: list[int]
+    owners: list[int]
     start_bytes: int  # allocated before the cell (still or once alive during it)
     end_bytes: int
     peak_bytes: int
@@ -64,11 +69,17 @@ class DeviceTrace:
     first_time: float | None = None
     last_time: float | None = None
 
+    @property
+    def events(self) -> list[TraceEvent]:
+        """The events as tuples, built on demand (the analysis and the timeline read the lists)."""
+        return list(map(TraceEvent, self.times, self.deltas, self.owners))
+
 
 class _Block(NamedTuple):
     site: int
     size: int
     frames: Sequence[Mapping[str, Any]]
+    address: int
 
 
 def live_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]:
@@ -88,71 +99,110 @@ def live_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]:
 
 
 class _Replay:
-    """One forward pass over a device's trace: classifies every alloc and free."""
+    """One forward pass over a device's trace: classifies every alloc and free.
+
+    Events are kept as three parallel lists (time, delta, site) rather than one tuple each: the loop
+    runs once per trace entry (100,000 a cell) and building an object per entry was most of its cost.
+    """
 
     def __init__(self, namer: SiteNamer) -> None:
         self.namer = namer
         self.sites: list[Site] = []
         self.index: dict[tuple[str, int, str], int] = {}
-        self.events: list[TraceEvent] = []
-        self.steps: list[tuple[int, _Block | None]] = []  # per event: its address, and the block if an alloc
+        self.positions: dict[int, int] = {}  # id(Site) -> its index (the namer keeps each Site alive)
+        self.stacks: dict[tuple[int, ...], tuple[Sequence[Mapping[str, Any]], int]] | None = {}
+        self.stack_hits = 0
+        self.times: list[float] = []
+        self.deltas: list[int] = []
+        self.owners: list[int] = []  # per event: its site, or BEFORE
+        self.steps: list[_Block | int] = []  # per event: the block an alloc made, or the address a free freed
         self.live: dict[int, _Block] = {}
-        self.requested: set[int] = set()  # addresses whose free was requested but not yet completed
         self.freed_before = 0
         self.temporary: dict[int, SiteUsage] = {}
         self.temporary_frames: dict[int, Sequence[Mapping[str, Any]]] = {}
         self.failed: list[int] = []
 
     def site_of(self, frames: Sequence[Mapping[str, Any]]) -> int:
+        """The site index of one allocation's frames, found by the identity of its frame dicts when it can be.
+
+        torch's snapshot makes one dict per distinct frame and shares it between entries, so a stack seen
+        before is found without reading a frame. Where dicts are not shared, nothing repeats: the lookup
+        is given up after a while. Each stored stack keeps its frames alive, so an id stays theirs.
+        """
+        stacks = self.stacks
+        if stacks is not None:
+            key = tuple(map(id, frames))
+            known = stacks.get(key)
+            if known is not None:
+                self.stack_hits += 1
+                return known[1]
         site = self.namer.site(frames)
-        position = self.index.get(site.key)
+        position = self.positions.get(id(site))
         if position is None:
-            position = self.index[site.key] = len(self.sites)
-            self.sites.append(site)
+            position = self.index.get(site.key)
+            if position is None:
+                position = self.index[site.key] = len(self.sites)
+                self.sites.append(site)
+            self.positions[id(site)] = position
+        if stacks is not None:
+            stacks[key] = (frames, position)
+            if len(stacks) == _STACKS_TRIED and self.stack_hits < _STACKS_TRIED:  # under half of lookups hit
+                self.stacks = None
         return position
 
     def run(self, entries: Iterable[Mapping[str, Any]]) -> None:
-        """The whole replay in one loop with its state in locals: it runs once per trace entry (100,000 a cell)."""
-        live, requested, events, steps = self.live, self.requested, self.events, self.steps
-        site_of, charge = self.site_of, self._charge_temporary
+        """The whole replay in one loop with its state in locals."""
+        live, requested, temporary = self.live, set(), self.temporary  # requested: freed, not yet completed
+        add_time, add_delta, add_owner, add_step = (
+            self.times.append,
+            self.deltas.append,
+            self.owners.append,
+            self.steps.append,
+        )
+        site_of, new_usage, sites = self.site_of, SiteUsage, self.sites
+        new_block = partial(tuple.__new__, _Block)  # _Block(...) runs a Python __new__: 60,000 times a cell
         for number, entry in enumerate(entries):
-            action = entry.get("action")
-            time = entry.get("time_us", number)
-            address = entry.get("addr", 0)
+            try:  # the keys every torch entry has, read by subscript (a third of the cost of .get)
+                action, address, time = entry["action"], entry["addr"], entry["time_us"]
+            except KeyError:
+                action, address, time = entry.get("action"), entry.get("addr", 0), entry.get("time_us", number)
             if action == "alloc":
                 frames = entry.get("frames") or ()
-                block = _Block(site_of(frames), entry.get("size", 0), frames)
+                site, size = site_of(frames), entry.get("size", 0)
+                live[address] = block = new_block((site, size, frames, address))
                 requested.discard(address)
-                live[address] = block
-                events.append(TraceEvent(time, block.size, block.site))
-                steps.append((address, block))
+                add_time(time)
+                add_delta(size)
+                add_owner(site)
+                add_step(block)
             elif action == "free_requested" or action == "free_completed":  # noqa: PLR1714 - faster than `in`
-                if action == "free_completed" and address in requested:
-                    requested.discard(address)
-                    continue
                 if action == "free_requested":
                     requested.add(address)
+                elif address in requested:
+                    requested.discard(address)
+                    continue
                 freed = live.pop(address, None)
-                steps.append((address, None))
+                add_step(address)
+                add_time(time)
                 if freed is None:
                     size = int(entry.get("size", 0))
                     self.freed_before += size
-                    events.append(TraceEvent(time, -size, BEFORE))
-                else:
-                    events.append(TraceEvent(time, -freed.size, freed.site))
-                    charge(freed)
+                    add_delta(-size)
+                    add_owner(BEFORE)
+                    continue
+                site, size = freed.site, freed.size
+                add_delta(-size)
+                add_owner(site)
+                usage = temporary.get(site)  # charged as temporary here, inline: once per free
+                if usage is None:
+                    usage = temporary[site] = new_usage(sites[site])
+                usage.bytes += size
+                usage.count += 1
+                if size >= usage.largest:
+                    usage.largest = size
+                    self.temporary_frames[site] = freed.frames
             elif action == "oom":
                 self.failed.append(int(entry.get("size", 0)))
-
-    def _charge_temporary(self, block: _Block) -> None:
-        usage = self.temporary.get(block.site)
-        if usage is None:
-            usage = self.temporary[block.site] = SiteUsage(self.sites[block.site])
-        usage.bytes += block.size
-        usage.count += 1
-        if block.size >= usage.largest:
-            usage.largest = block.size
-            self.temporary_frames[block.site] = block.frames
 
 
 def _add(usage: SiteUsage, size: int) -> None:
@@ -181,15 +231,11 @@ def _by_site(blocks: Iterable[_Block], sites: list[Site], namer: SiteNamer) -> l
     return _ranked(usages.values())
 
 
-def _peak(events: Sequence[TraceEvent], start: int) -> tuple[int, int]:
-    """``(peak bytes, index of the event that reached it)``; index -1: the start was the peak."""
-    total = peak = start
-    where = -1
-    for position, event in enumerate(events):
-        total += event.delta
-        if total > peak:
-            peak, where = total, position
-    return peak, where
+def _peak(deltas: Sequence[int], start: int) -> tuple[int, int]:
+    """``(peak bytes, index of the event that first reached it)``; index -1: the start was the peak."""
+    totals = list(accumulate(deltas, initial=start))
+    peak = max(totals)
+    return peak, totals.index(peak) - 1
 
 
 def analyse_device(
@@ -209,19 +255,21 @@ def analyse_device(
     at_end = live_blocks(snapshot, device)
     survivors = sum(size for address, size in at_end.items() if address not in replay.live)
     start = survivors + replay.freed_before
-    events = replay.events
-    peak, where = _peak(events, start)
+    times, deltas = replay.times, replay.deltas
+    peak, where = _peak(deltas, start)
     alive, before_at_peak = _alive_at(replay, where, start)
     for site, usage in replay.temporary.items():
         usage.stack = tuple(namer.frames(replay.temporary_frames.get(site, ())))
     return DeviceTrace(
         device=device,
         sites=replay.sites,
-        events=events,
+        times=times,
+        deltas=deltas,
+        owners=replay.owners,
         start_bytes=start,
-        end_bytes=start + sum(event.delta for event in events),
+        end_bytes=start + sum(deltas),
         peak_bytes=peak,
-        peak_time=events[where].time if where >= 0 else None,
+        peak_time=times[where] if where >= 0 else None,
         before_at_peak=before_at_peak,
         at_peak=_by_site(alive, replay.sites, namer),
         left=_by_site(replay.live.values(), replay.sites, namer),
@@ -229,8 +277,8 @@ def analyse_device(
         freed_before=replay.freed_before,
         truncated=truncated,
         failed=replay.failed,
-        first_time=events[0].time if events else None,
-        last_time=events[-1].time if events else None,
+        first_time=times[0] if times else None,
+        last_time=times[-1] if times else None,
     )
 
 
@@ -238,15 +286,13 @@ def _alive_at(replay: _Replay, until: int, start: int) -> tuple[list[_Block], in
     """The cell's blocks alive just after event ``until``, and the bytes from before the cell then."""
     alive: dict[int, _Block] = {}
     before = start
-    for position in range(until + 1):
-        event = replay.events[position]
-        address, block = replay.steps[position]
-        if event.site == BEFORE:
-            before += event.delta
-        elif block is not None:
-            alive[address] = block
+    for owner, delta, step in zip(replay.owners[: until + 1], replay.deltas, replay.steps, strict=False):
+        if owner == BEFORE:
+            before += delta
+        elif isinstance(step, _Block):
+            alive[step.address] = step
         else:
-            alive.pop(address, None)
+            alive.pop(step, None)
     return list(alive.values()), before
 
 
@@ -263,6 +309,6 @@ def analyse_snapshot(
     for device in range(len(snapshot.get("device_traces") or [])):
         start = (first_entry or {}).get(device, 0)
         trace = analyse_device(snapshot, device, first_entry=start, namer=namer, truncated=device in truncated)
-        if trace.events or trace.failed:
+        if trace.times or trace.failed:
             found.append(trace)
     return found

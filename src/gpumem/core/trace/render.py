@@ -100,7 +100,7 @@ def _headline(report: TraceReport) -> str:
 
 def _device_summary(trace: DeviceTrace) -> str:
     parts = [
-        f"cuda:{trace.device}: {len(trace.events):,} allocator events",
+        f"cuda:{trace.device}: {len(trace.times):,} allocator events",
         f"peak {format_bytes(trace.peak_bytes)}",
         f"{format_bytes(trace.start_bytes)} allocated {_before_label(trace)}",
         f"{format_bytes(trace.end_bytes)} at the end",
@@ -181,7 +181,7 @@ def render_html(report: TraceReport) -> str:
     for trace in report.devices:
         parts.append(f"<div>{html.escape(_device_summary(trace))}</div>")
         parts.extend(f'<div style="color:#b91c1c">{html.escape(text)}</div>' for text in _failures(trace))
-        if trace.events:
+        if trace.times:
             parts.append(render_svg(build_timeline(trace), f"gpumem-trace-{uuid.uuid4().hex[:12]}"))
         parts.extend(_table_html(trace, title, usages, view) for title, usages, view in _views(trace))
     if not report.devices:

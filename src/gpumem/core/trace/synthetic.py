@@ -2,10 +2,12 @@
 have no GPU: each step allocates activations in a few cells' lines, frees them, and keeps a slowly
 growing list of results, in the format of ``torch.cuda.memory._snapshot()``.
 
-Shaped like a real one where cost depends on it: every alloc carries its own list of its own frame
-dicts (torch builds them per entry), about 20 deep (torch's modules and IPython's own frames below the
-cell), and each free is a ``free_requested`` then a ``free_completed`` entry with no frames
-(``context="alloc"`` records stacks of allocations only).
+Shaped like a real one where cost depends on it: every alloc carries its own list of frames, about 20
+deep (torch's modules and IPython's own frames below the cell), and each free is a ``free_requested``
+then a ``free_completed`` entry with no frames (``context="alloc"`` records stacks of allocations only).
+By default every list holds its own frame dicts, the analysis's worst case; torch's own snapshot
+(``py_symbolize``) makes one dict per distinct frame and shares it between entries, which
+``shared_frames=True`` reproduces.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ def _stack(step_line: int) -> list[tuple[str, int, str]]:
             ("<ipython-input-2-4e5f6a7b>", 2, "<module>"), *_SHELL]  # fmt: skip
 
 
-def synthetic_snapshot(events: int, *, sites: int = 24) -> dict[str, Any]:
+def synthetic_snapshot(events: int, *, sites: int = 24, shared_frames: bool = False) -> dict[str, Any]:
     """About ``events`` trace entries (an alloc, then its free requested and completed; one kept alive in 50)."""
-    stacks = [_stack(line) for line in range(3, 3 + sites)]
+    stacks = [[{"filename": name, "line": line, "name": function} for name, line, function in _stack(line)]
+              for line in range(3, 3 + sites)]  # fmt: skip
     trace: list[dict[str, Any]] = []
     kept: list[tuple[int, int]] = []
     time_us = 1_000_000.0
@@ -54,7 +57,8 @@ def synthetic_snapshot(events: int, *, sites: int = 24) -> dict[str, Any]:
     while len(trace) < events:
         address = _BASE + number * (1 << 21)
         size = (1 + number % 7) * (1 << 20)
-        frames = [{"filename": name, "line": line, "name": function} for name, line, function in stacks[number % sites]]
+        stack = stacks[number % sites]
+        frames = list(stack) if shared_frames else [dict(frame) for frame in stack]
         trace.append({"action": "alloc", "addr": address, "size": size, "stream": 0, "time_us": time_us,
                       "frames": frames})  # fmt: skip
         time_us += 3.0

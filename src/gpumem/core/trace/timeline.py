@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from gpumem.core.trace.analysis import BEFORE, DeviceTrace
 from gpumem.core.units import format_bytes
@@ -38,14 +39,48 @@ class Timeline:
 
 
 def _top_sites(trace: DeviceTrace, bands: int) -> list[int]:
-    live = [0] * len(trace.sites)
-    most = [0] * len(trace.sites)
-    for event in trace.events:
-        if event.site != BEFORE:
-            live[event.site] += event.delta
-            most[event.site] = max(most[event.site], live[event.site])
+    """The ``bands`` sites that held the most bytes at once (sites that never held any left out)."""
+    most = _most_at_once(trace)
     ranked = sorted(range(len(trace.sites)), key=lambda site: -most[site])
     return [site for site in ranked[:bands] if most[site] > 0]
+
+
+def _most_at_once(trace: DeviceTrace) -> list[int]:
+    """Per site, the most bytes it held at once (at least 0), from cumulative sums grouped by site."""
+    import numpy as np
+
+    most = [0] * len(trace.sites)
+    deltas = _integers(trace.deltas)
+    if deltas is None:  # sizes that are not plain integers: summed as Python does
+        live = [0] * len(trace.sites)
+        for site, delta in zip(trace.owners, trace.deltas, strict=True):
+            if site != BEFORE:
+                live[site] += delta
+                most[site] = max(most[site], live[site])
+        return most
+    owners = np.asarray(trace.owners, dtype=np.int64)
+    mask = owners != BEFORE
+    order = np.argsort(owners[mask], kind="stable")
+    grouped, sizes = owners[mask][order], deltas[mask][order]
+    if not len(grouped):
+        return most
+    held = np.cumsum(sizes)
+    starts = np.flatnonzero(np.diff(grouped, prepend=grouped[0] - 1))
+    held -= np.repeat(held[starts] - sizes[starts], np.diff(starts, append=len(grouped)))  # per site from 0
+    for site, value in zip(grouped[starts].tolist(), np.maximum.reduceat(held, starts).tolist(), strict=True):
+        most[site] = max(value, 0)
+    return most
+
+
+def _integers(values: list[int]) -> Any:
+    """``values`` as an int64 array, or None where they are not all integers that fit."""
+    import numpy as np
+
+    try:
+        array = np.asarray(values) if values else np.zeros(0, dtype=np.int64)
+    except OverflowError:
+        return None
+    return array if array.dtype == np.int64 else None
 
 
 def build_timeline(trace: DeviceTrace, *, columns: int = 360, bands: int = 8) -> Timeline:
@@ -58,33 +93,80 @@ def build_timeline(trace: DeviceTrace, *, columns: int = 360, bands: int = 8) ->
     state[0] = trace.start_bytes
     origin = trace.first_time or 0.0
     span = max((trace.last_time or origin) - origin, 1e-9)
-    times, values = [0.0], [list(state)]
-    column, best, best_state, best_time, total = -1, -1, state, 0.0, trace.start_bytes
-
-    def close() -> None:
-        if column >= 0:
-            times.append(best_time - origin)
-            values.append(best_state)
-            if best_state != state:
-                times.append(last_time - origin)
-                values.append(list(state))
-
-    last_time = origin
-    for event in trace.events:
-        here = min(int((event.time - origin) / span * columns), columns - 1)
-        if here != column:
-            close()
-            column, best = here, -1
-        band = 0 if event.site == BEFORE else band_of.get(event.site, other or 0)
-        state[band] += event.delta
-        total += event.delta
-        last_time = event.time
-        if total > best:
-            best, best_state, best_time = total, list(state), event.time
-    close()
-    band_max = [max(point[band] for point in values) for band in range(len(labels))]
+    slices = _Slices(trace, [band_of.get(site, other or 0) for site in range(len(trace.sites))], columns)
+    points = slices.by_arrays(state, origin, span) or slices.by_loop(state, origin, span)
+    band_max = [max(point[band] for point in points[1]) for band in range(len(labels))]
     peak_time = None if trace.peak_time is None else trace.peak_time - origin
-    return Timeline(labels, times, values, band_max, trace.peak_bytes, peak_time)
+    return Timeline(labels, points[0], points[1], band_max, trace.peak_bytes, peak_time)
+
+
+class _Slices:
+    """The events cut into slices of time (runs of one column), each kept at its highest moment and its end."""
+
+    def __init__(self, trace: DeviceTrace, bands: list[int], columns: int) -> None:
+        self.trace, self.bands, self.columns = trace, bands, columns  # bands: the band of each site
+
+    def by_arrays(self, state: list[int], origin: float, span: float) -> tuple[list[float], list[list[int]]] | None:
+        """From cumulative sums per band; None where the data do not fit int64 arrays as they are."""
+        import numpy as np
+
+        trace, deltas = self.trace, _integers(self.trace.deltas)
+        if deltas is None or not len(deltas) or type(trace.start_bytes) is not int:
+            return None
+        moments = np.asarray(trace.times, dtype=np.float64)
+        column = ((moments - origin) / span * self.columns).astype(np.int64)  # truncated to 0, as int() does
+        totals = trace.start_bytes + np.cumsum(deltas)
+        if not np.isfinite(moments).all() or column.min() < 0 or totals.min() < 0:
+            return None  # the loop's own edge cases (it starts at column -1 and a best of -1)
+        column = np.minimum(column, self.columns - 1)
+        starts = np.flatnonzero(np.diff(column, prepend=column[0] - 1))
+        lengths = np.diff(starts, append=len(deltas))
+        highest = np.repeat(np.maximum.reduceat(totals, starts), lengths)
+        bests = np.minimum.reduceat(np.where(totals == highest, np.arange(len(deltas)), len(deltas)), starts)
+        lookup = np.asarray([*self.bands, 0], dtype=np.intp)  # BEFORE (-1) reads the last entry: band 0
+        rows = np.zeros((len(deltas), len(state)), dtype=np.int64)
+        rows[np.arange(len(deltas)), lookup[np.asarray(trace.owners, dtype=np.intp)]] = deltas
+        np.cumsum(rows, axis=0, out=rows)
+        rows += np.asarray(state, dtype=np.int64)
+        times, values = [0.0], [list(state)]
+        ends = starts + lengths - 1
+        for best, end, best_state, end_state in zip(
+            bests.tolist(), ends.tolist(), rows[bests].tolist(), rows[ends].tolist(), strict=True
+        ):
+            times.append(trace.times[best] - origin)
+            values.append(best_state)
+            if best_state != end_state:
+                times.append(trace.times[end] - origin)
+                values.append(end_state)
+        return times, values
+
+    def by_loop(self, state: list[int], origin: float, span: float) -> tuple[list[float], list[list[int]]]:
+        """One pass over the events, for data the arrays do not hold as they are."""
+        trace, columns = self.trace, self.columns
+        times, values = [0.0], [list(state)]
+        column, best, best_state, best_time, total = -1, -1, state, 0.0, trace.start_bytes
+
+        def close() -> None:
+            if column >= 0:
+                times.append(best_time - origin)
+                values.append(best_state)
+                if best_state != state:
+                    times.append(last_time - origin)
+                    values.append(list(state))
+
+        last_time = origin
+        for time, delta, site in zip(trace.times, trace.deltas, trace.owners, strict=True):
+            here = min(int((time - origin) / span * columns), columns - 1)
+            if here != column:
+                close()
+                column, best = here, -1
+            state[0 if site == BEFORE else self.bands[site]] += delta
+            total += delta
+            last_time = time
+            if total > best:
+                best, best_state, best_time = total, list(state), time
+        close()
+        return times, values
 
 
 def _duration(microseconds: float) -> str:
@@ -109,19 +191,32 @@ def render_svg(timeline: Timeline, element_id: str) -> str:
         ),
         f"<title>GPU memory allocated during the cell, by site; peak {format_bytes(timeline.peak_bytes)}</title>",
     ]
+    heights: dict[int, float] = {}  # value -> y, each rounded once (flat bands repeat their values)
+
+    def edge(values: list[int]) -> list[str]:
+        found = []
+        for x, value in zip(xs, values, strict=True):
+            height = heights.get(value)
+            if height is None:
+                height = heights[value] = y(value)
+            found.append(f"{x},{height}")
+        return found
+
     lower = [0] * len(xs)
+    lower_edge: list[str] | None = None  # the previous band's top edge, once drawn
     for band, label in enumerate(timeline.labels):
         upper = [below + point[band] for below, point in zip(lower, timeline.values, strict=True)]
+        upper_edge = None
         if timeline.band_max[band] > 0:
-            top_edge = " ".join(f"{x},{y(value)}" for x, value in zip(xs, upper, strict=True))
-            bottom_edge = " ".join(f"{x},{y(value)}" for x, value in zip(reversed(xs), reversed(lower), strict=True))
+            upper_edge = edge(upper)
+            bottom_edge = " ".join(reversed(lower_edge if lower_edge is not None else edge(lower)))
             color = PALETTE[band % len(PALETTE)]
             tip = f"{label}: at most {format_bytes(timeline.band_max[band])} at once"
             parts.append(
-                f'<polygon class="band" data-band="{band}" points="{top_edge} {bottom_edge}" fill="{color}" '
-                f'fill-opacity="0.85"><title>{html.escape(tip)}</title></polygon>'
+                f'<polygon class="band" data-band="{band}" points="{" ".join(upper_edge)} {bottom_edge}" '
+                f'fill="{color}" fill-opacity="0.85"><title>{html.escape(tip)}</title></polygon>'
             )
-        lower = upper
+        lower, lower_edge = upper, upper_edge
     parts.extend(_axes(timeline, span, top, y))
     parts.append("</svg>")
     return "".join(parts) + _hover_script(timeline, element_id, xs)
