@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.trace import SKIPPED_ACTIONS, CellSnapshot, TraceRecorder, build_report, paused_gc, save_snapshot
+from gpumem.core.collector import collector_paused
+from gpumem.core.trace import SKIPPED_ACTIONS, CellSnapshot, TraceRecorder, build_report, save_snapshot
 from gpumem.core.trace.analysis import analyse_device, analyse_snapshot
 from gpumem.core.trace.sites import SiteNamer
 from gpumem.core.trace.synthetic import synthetic_snapshot
@@ -382,7 +383,7 @@ def test_the_collector_is_paused_only_while_analysing(enabled: bool) -> None:
     was = gc.isenabled()
     (gc.enable if enabled else gc.disable)()
     try:
-        with paused_gc():
+        with collector_paused():
             seen.append(gc.isenabled())
         build_report(CellSnapshot(synthetic_snapshot(300), {}, False, [], 600))
         assert gc.isenabled() is enabled  # the user's setting, as it was

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, paused_gc, save_snapshot
+from gpumem.core.collector import collector_paused
+from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, save_snapshot
 from gpumem.ipython.arguments import complain, display
 
 __all__ = ["LAST_COSTS", "TraceRequest", "abandon", "cell_numbers", "show", "start", "stop"]
@@ -100,7 +101,7 @@ def show(taken: CellSnapshot | None, trace: TraceRequest | None, shell: Any, cel
         if saved is not None:
             report.notes.append(f"Snapshot saved to {saved} (PyTorch's memory_viz opens it).")
         analysed = time.perf_counter()
-        with paused_gc():
+        with collector_paused():
             text, page = repr(report), report._repr_html_()
         LAST_COSTS.update(analysis_s=analysed - began, render_s=time.perf_counter() - analysed)
         LAST_COSTS["html_bytes"] = len(page.encode())

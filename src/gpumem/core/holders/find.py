@@ -5,10 +5,10 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from gpumem.core.collector import collector_paused
 from gpumem.core.device_split import DeviceSplit, device_split
 from gpumem.core.devices import parse_device
 from gpumem.core.holders.attribution import attribute
@@ -88,28 +88,13 @@ def find_holders(
         shell = _running_shell(namespace)
     walker = GraphWalker(torch, devices, max_depth, max_items, started + time_budget_s)
     skip = ipython_names(shell) if shell is not None and namespace is getattr(shell, "user_ns", None) else set()
-    with _collector_paused():
+    with collector_paused():
         roots = _walk_namespace(walker, namespace, skip, names, shell if include_hidden else None, time_budget_s)
         saved_per_root, _, graph_notes = saved_by_graphs(torch, walker, roots)
         walker.truncation.extend(graph_notes)
         memory = _memory_readings(source, devices)
         rows = attribute(roots, walker.sizes, walker.incomplete, saved_per_root)
     return _report(walker, rows, devices, memory, cycles=cycle_report, started=started)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection during the walk (for every thread: at most its time budget): the walk makes
-    tens of thousands of small objects (roots, edges, keys), and the collections they trigger traverse the
-    whole heap, a tenth of the walk's time. Re-enabled right after, unless it was off already."""
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 class _Memory(NamedTuple):
@@ -251,9 +236,7 @@ def _memory_readings(source: Any, devices: DeviceFilter) -> _Memory:
     return _Memory(int(sum(r.allocated_bytes for r in readings)), splits, numbers, real=real)
 
 
-def _with_cycle_hint(
-    text: str, unattributed: int | None, split: Remainder | None, cycles: CycleReport | None
-) -> str:
+def _with_cycle_hint(text: str, unattributed: int | None, split: Remainder | None, cycles: CycleReport | None) -> str:
     """Add the hint that unexplained memory may be cycle-held, unless ``--cycles`` already looked."""
     if cycles is not None or unattributed is None:
         return text

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpumem.core.collector import collector_paused
 from gpumem.core.trace.analysis import DeviceTrace, SiteUsage, analyse_snapshot
 from gpumem.core.trace.recorder import (
     DEFAULT_MAX_ENTRIES,
     SKIPPED_ACTIONS,
     CellSnapshot,
     TraceRecorder,
-    paused_gc,
     save_snapshot,
 )
 from gpumem.core.trace.render import TraceReport
@@ -30,7 +30,6 @@ __all__ = [
     "TraceRecorder",
     "TraceReport",
     "build_report",
-    "paused_gc",
     "save_snapshot",
 ]
 
@@ -39,7 +38,7 @@ def build_report(
     taken: CellSnapshot, *, cell_numbers: Mapping[str, int] | None = None, cell: int | None = None
 ) -> TraceReport:
     """The report of one traced cell; ``cell_numbers`` maps IPython's cell filenames to their numbers."""
-    with paused_gc():  # the snapshot's millions of dicts would be walked again by every full collection
+    with collector_paused():  # the snapshot's millions of dicts would be walked again by every full collection
         devices = analyse_snapshot(
             taken.snapshot, first_entry=taken.first_entry, cell_numbers=cell_numbers, truncated=taken.truncated
         )

@@ -20,18 +20,19 @@ heap again and again while torch builds it.
 from __future__ import annotations
 
 import contextlib
-import gc
 import inspect
 import os
 import pickle
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "SKIPPED_ACTIONS", "CellSnapshot", "TraceRecorder", "paused_gc", "save_snapshot"]
+from gpumem.core.collector import collector_paused
+
+__all__ = ["DEFAULT_MAX_ENTRIES", "SKIPPED_ACTIONS", "CellSnapshot", "TraceRecorder", "save_snapshot"]
 
 # PyTorch documents "several KB" per recorded event with stacks: 100,000 events stay within a few
 # hundred MB of host memory in the worst case, and hold a 300-step training loop of a small model.
@@ -39,18 +40,6 @@ DEFAULT_MAX_ENTRIES = 100_000
 
 # Trace actions the analysis never reads (it needs alloc, free_requested and oom).
 SKIPPED_ACTIONS = ("free_completed", "segment_alloc", "segment_free", "snapshot")
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector (if it runs) while building or reading a large acyclic structure."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @dataclass
@@ -123,7 +112,7 @@ class TraceRecorder:
         except Exception as error:
             return f"PyTorch could not say whether it records already: {type(error).__name__}: {error}"
         if was_recording:
-            with paused_gc():
+            with collector_paused():
                 self._markers = _last_entries(memory.snapshot())
         else:
             self._markers = None
@@ -162,7 +151,7 @@ class TraceRecorder:
         if memory is None:
             return None
         try:
-            with paused_gc():
+            with collector_paused():
                 snapshot = memory.snapshot()
         finally:
             if self._enabled_here:
