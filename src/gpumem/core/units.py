@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["GIB", "KIB", "MAX_SIZE_BYTES", "MIB", "format_bytes", "format_delta", "parse_size"]
+__all__ = ["GIB", "KIB", "MAX_SIZE_BYTES", "MIB", "format_bytes", "format_delta", "format_duration", "parse_size"]
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -52,3 +52,20 @@ def parse_size(text: str) -> int:
     if not size < MAX_SIZE_BYTES:
         raise ValueError(f"{text.strip()!r} is too large for a memory size (at most 1 EiB)")
     return int(size)
+
+
+_TENTHS_BELOW_S = 0.1  # shorter durations keep a tenth of a millisecond
+_PER_UNIT = 60  # seconds in a minute, minutes in an hour
+
+
+def format_duration(seconds: float) -> str:
+    """``0.0004 -> '0.4 ms'``, ``1.234 -> '1.23 s'``, ``125 -> '2 min 5 s'``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms" if seconds < _TENTHS_BELOW_S else f"{seconds * 1000:.0f} ms"
+    if seconds < _PER_UNIT:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(round(seconds), _PER_UNIT)
+    if minutes < _PER_UNIT:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, _PER_UNIT)
+    return f"{hours} h {minutes} min"

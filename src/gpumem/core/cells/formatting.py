@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpumem.core.cells.record import CellRecord
-from gpumem.core.units import format_delta
+from gpumem.core.units import format_delta, format_duration
 
 __all__ = ["STYLE", "at_least", "cell_label", "format_duration"]
 
@@ -30,22 +30,6 @@ STYLE = (
     ".gpumem-report code{font-size:11px}"
     "</style>"
 )
-
-_TENTHS_BELOW_S = 0.1  # shorter durations keep a tenth of a millisecond
-_PER_UNIT = 60  # seconds in a minute, minutes in an hour
-
-
-def format_duration(seconds: float) -> str:
-    """``0.0004 -> '0.4 ms'``, ``1.234 -> '1.23 s'``, ``125 -> '2 min 5 s'``."""
-    if seconds < 1:
-        return f"{seconds * 1000:.1f} ms" if seconds < _TENTHS_BELOW_S else f"{seconds * 1000:.0f} ms"
-    if seconds < _PER_UNIT:
-        return f"{seconds:.2f} s"
-    minutes, rest = divmod(round(seconds), _PER_UNIT)
-    if minutes < _PER_UNIT:
-        return f"{minutes} min {rest} s"
-    hours, minutes = divmod(minutes, _PER_UNIT)
-    return f"{hours} h {minutes} min"
 
 
 def cell_label(record: CellRecord) -> str:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from gpumem.core.device_split import DeviceSplit, device_split_text
 from gpumem.core.holders.model import CATEGORY_ORDER, FREE_COMMAND, TENSORS, CycleReport, Holder, KindTotal
 from gpumem.core.holders.remainder import Remainder
-from gpumem.core.units import format_bytes
+from gpumem.core.units import format_bytes, format_duration
 
 __all__ = ["HolderReport", "escape_html", "render_html", "render_text"]
 
@@ -175,7 +175,7 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
     if not report.torch_loaded:
         return "gpumem who: " + report.unattributed
     columns = _Columns.fitting([*report.holders[:limit], *report.hidden])
-    lines = [f"Tensor memory held by names ({report.device}), walked in {report.elapsed_s * 1000:.0f} ms"]
+    lines = [f"Tensor memory held by names ({report.device}), walked in {format_duration(report.elapsed_s)}"]
     if report.kinds:
         width = max(len(kind) for kind, _, _ in _kind_lines(report))
         lines.append("By kind:")
@@ -281,5 +281,5 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
         parts.append(f"<div>{escape_html(_cycles_text(report.cycles))}</div>")
     if report.truncated:
         parts.append(f"<div><i>Walk truncated: {escape_html('; '.join(report.truncation))}</i></div>")
-    parts.append(f"<div style='opacity:.6'>walked in {report.elapsed_s * 1000:.0f} ms</div></div>")
+    parts.append(f"<div style='opacity:.6'>walked in {format_duration(report.elapsed_s)}</div></div>")
     return "".join(parts)
