@@ -179,3 +179,25 @@ def test_a_profile_shown_under_a_cell_is_exported_and_shown_again(shell: Any, tm
     assert result.success
     assert "--profile report of cell [1]" in cap.outputs[0].data["text/html"]
     assert cap.outputs[0].data["text/plain"].endswith(f"--profile report of cell [1]\n{shown}")
+
+
+def test_a_hand_edited_export_is_refused_in_one_line(shell: Any, tmp_path: Path) -> None:
+    """Numbers JSON allows but no store can hold (Infinity, a capacity past memory), or a mark or a time
+    that is not a number: each is one line saying what is wrong, never a traceback or a huge allocation."""
+    assert run_cell_capture(shell, "%%gpumem\nh = src.allocate(64 * MIB)")[0].success
+    target = tmp_path / "run.json"
+    assert run_cell_capture(shell, f"%gpumem export {target}")[0].success
+    text = target.read_text()
+    document = json.loads(text)
+    capacity = document["store"]["levels"][2]["capacity"]
+    edits = {
+        "infinite.json": text.replace('"max_marks": ', '"max_marks": Infinity, "was": '),
+        "huge.json": text.replace(f'"capacity": {capacity}', '"capacity": 1000000000000'),
+        "past_index.json": text.replace(f'"capacity": {capacity}', f'"capacity": {10**30}'),
+        "mark.json": json.dumps({**document, "marks": [["soon", "cell"]]}),
+        "time.json": json.dumps({**document, "timeline": {"times": ["x"], "values": {}}}),
+    }
+    for name, edited in edits.items():
+        assert edited != text, name
+        (tmp_path / name).write_text(edited)
+        _one_line_error(shell, f"%gpumem load {tmp_path / name}", f"{tmp_path / name}: ")

@@ -160,11 +160,19 @@ def _store_from_json(value: Any) -> dict[str, Any] | None:
                     "high": [_float(v) for v in opened["high"]],
                 }
             levels.append({**level, "columns": columns, "open": opened})
+            if not 0 < float(level["capacity"]) <= _MAX_LEVEL_ROWS:  # checked before its rows are allocated
+                capacity = level["capacity"]
+                raise ValueError(f"level {len(levels) - 1}: a capacity of {capacity} rows (1 to {_MAX_LEVEL_ROWS:,})")
         store = {**value, "levels": levels}
         Timeline.from_state(store)
-    except (TypeError, KeyError, ValueError, AttributeError) as error:
+    except (TypeError, KeyError, ValueError, AttributeError, OverflowError) as error:
         raise SessionFormatError(f"timeline store: {type(error).__name__}: {error}") from None
     return store
+
+
+# The most rows a loaded level may hold: hundreds of times the default levels' (21,600), yet each is
+# allocated whole when the store is rebuilt, so a hand-edited capacity cannot take the machine's memory.
+_MAX_LEVEL_ROWS = 10_000_000
 
 
 def _float(value: Any) -> float:
@@ -285,13 +293,20 @@ def read_session(path: str | os.PathLike[str]) -> SessionData:
         raise SessionFormatError(f"a gpumem export of version {version!r}; this gpumem reads version {JSON_VERSION}")
     return SessionData(
         timeline=_series(document.get("timeline")),
-        marks=[Mark(float(time_s), str(label)) for time_s, label in _list(document.get("marks"), "marks")],
+        marks=_marks(document.get("marks")),
         cells=_cells(document.get("cells")),
         wall_offset_s=_optional_float(document.get("wall_offset_s")),
         exported_wall_s=_optional_float(document.get("exported_wall_s")),
         reports=_reports(document.get("reports", [])),
         store=_store_from_json(document.get("store")),
     )
+
+
+def _marks(value: Any) -> list[Mark]:
+    try:
+        return [Mark(float(time_s), str(label)) for time_s, label in _list(value, "marks")]
+    except (TypeError, ValueError) as error:
+        raise SessionFormatError(f"marks: {type(error).__name__}: {error}") from None
 
 
 def _reports(value: Any) -> list[SavedReport]:
@@ -317,17 +332,24 @@ def _optional_float(value: Any) -> float | None:
 def _series(value: Any) -> Series:
     if not isinstance(value, dict):
         raise SessionFormatError("timeline: expected an object")
-    times = [float(t) for t in _list(value.get("times"), "timeline times")]
+    times = [_finite(t, "timeline times") for t in _list(value.get("times"), "timeline times")]
     channels = value.get("values")
     if not isinstance(channels, dict):
         raise SessionFormatError("timeline values: expected an object")
     values: dict[str, list[float]] = {}
     for name, column in channels.items():
-        numbers = [math.nan if v is None else float(v) for v in _list(column, f"timeline channel {name!r}")]
+        what = f"timeline channel {name!r}"
+        numbers = [math.nan if v is None else _finite(v, what) for v in _list(column, what)]
         if len(numbers) != len(times):
             raise SessionFormatError(f"timeline channel {name!r} has {len(numbers)} values for {len(times)} times")
         values[str(name)] = numbers
     return Series(times, values)
+
+
+def _finite(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SessionFormatError(f"{what}: {value!r} is not a finite number")
+    return float(value)
 
 
 def _cells(value: Any) -> list[CellRecord]:
