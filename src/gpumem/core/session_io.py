@@ -160,9 +160,7 @@ def _store_from_json(value: Any) -> dict[str, Any] | None:
                     "high": [_float(v) for v in opened["high"]],
                 }
             levels.append({**level, "columns": columns, "open": opened})
-            if not 0 < float(level["capacity"]) <= _MAX_LEVEL_ROWS:  # checked before its rows are allocated
-                capacity = level["capacity"]
-                raise ValueError(f"level {len(levels) - 1}: a capacity of {capacity} rows (1 to {_MAX_LEVEL_ROWS:,})")
+            _check_capacity(len(levels) - 1, level["capacity"])  # before its rows are allocated
         store = {**value, "levels": levels}
         Timeline.from_state(store)
     except (TypeError, KeyError, ValueError, AttributeError, OverflowError) as error:
@@ -173,6 +171,11 @@ def _store_from_json(value: Any) -> dict[str, Any] | None:
 # The most rows a loaded level may hold: hundreds of times the default levels' (21,600), yet each is
 # allocated whole when the store is rebuilt, so a hand-edited capacity cannot take the machine's memory.
 _MAX_LEVEL_ROWS = 10_000_000
+
+
+def _check_capacity(index: int, capacity: Any) -> None:
+    if not 0 < float(capacity) <= _MAX_LEVEL_ROWS:
+        raise ValueError(f"level {index}: a capacity of {capacity} rows (1 to {_MAX_LEVEL_ROWS:,})")
 
 
 def _float(value: Any) -> float:
