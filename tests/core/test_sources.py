@@ -126,3 +126,29 @@ def test_nvml_source_resets_itself_in_a_forked_child():
     assert os.read(read, 1) == b"1"
     os.close(read)
     assert status == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not sys.platform.startswith("linux"), reason="fork and /proc: Linux")
+def test_host_rss_in_a_forked_child_is_the_childs_own():
+    """The statm file opened in the parent names the parent's process even in a child: the child opens its own."""
+    pytest.importorskip("psutil")
+    source = HostSource()
+    assert source.read() is not None and source._statm is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            block = bytearray(256 * 2**20)  # zero-filled pages: resident in the child only
+            block[:: 4096] = b"\x01" * len(block[:: 4096])
+            with open(f"/proc/{os.getpid()}/statm", "rb") as own:  # noqa: PTH123 - the child's figure, read afresh
+                expected = int(own.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            reading = source.read()
+            ok = reading is not None and abs(reading.rss_bytes - expected) < 16 * 2**20
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+    assert status == 0
