@@ -101,3 +101,32 @@ def test_cell_numbers_come_from_ipythons_compiler(shell: Any) -> None:
     import linecache
 
     assert linecache.getline(name, 2).strip() == "return 1"
+
+
+@pytest.mark.parametrize(
+    ("cell", "auto"),
+    [
+        ("%%gpumem --trace\nraise KeyboardInterrupt", False),
+        ("%%time\n%%gpumem --trace\nraise KeyboardInterrupt", False),
+        ("%%time\n%%gpumem --trace\nraise KeyboardInterrupt", True),
+        ("get_ipython().run_cell_magic('gpumem', '--trace', 'raise KeyboardInterrupt')", False),
+        ("%%gpumem --trace\nraise ValueError('mine')", False),
+    ],
+)
+def test_recording_stops_when_the_cell_is_interrupted(
+    shell: Any, monkeypatch: pytest.MonkeyPatch, cell: str, auto: bool
+) -> None:
+    """Ctrl-C or an error inside a traced cell, however it is run: the allocator records no more after it,
+    and a torch without skip_actions (before 2.9) is asked for nothing it does not know."""
+    from test_trace import _FakeAllocator
+
+    allocator = _FakeAllocator(recording=False, entries=[])
+    allocator.install(monkeypatch)  # the older signature: no skip_actions
+    if auto:
+        assert shell.run_cell("%gpumem auto on").success
+    result, cap = run_cell_capture(shell, cell)
+    assert isinstance(result.error_in_exec, (KeyboardInterrupt, ValueError)), cap.stderr
+    assert [call["enabled"] for call in allocator.calls] == ["all", None], cap.stderr
+    assert "skip" not in allocator.calls[0]
+    assert not allocator.recording
+    assert "gpumem trace" in cap.stdout or any("trace" in str(out.data) for out in cap.outputs), cap.stdout
