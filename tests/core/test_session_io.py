@@ -264,3 +264,17 @@ def test_the_loaded_view_draws_every_channel_and_the_history() -> None:
     assert "  cuda:0/used: never measured" in text
     empty = LoadedSession(SessionData(data.timeline._replace(times=[], values={}), [], []), "e.json")
     assert "No samples in this export." in repr(empty)
+
+
+def test_parquet_levels_of_an_earlier_export_are_not_read_back(tmp_path: Path) -> None:
+    """An earlier export to the same stem with more levels leaves its last level file behind: the store read
+    back is the newer export's, its own levels only."""
+    pytest.importorskip("pyarrow.parquet")
+    older = Timeline(levels=(Level(0.0, 20), Level(1.0, 6), Level(4.0, 50), Level(16.0, 5)))
+    for step in range(300):
+        older.append(step * 0.5, {"cuda:0/allocated": float(step)})
+    write_parquet(capture_session(older, []), tmp_path / "run")
+    timeline = _timeline()
+    write_parquet(capture_session(timeline, []), tmp_path / "run")
+    assert (tmp_path / "run.level3.parquet").exists()  # the older export's, not this one's
+    _assert_same_store(Timeline.from_state(read_parquet_store(tmp_path / "run")), timeline)

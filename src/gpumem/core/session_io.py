@@ -239,6 +239,7 @@ def _level_tables(pa: Any, store: Mapping[str, Any]) -> list[Any]:
                 columns[f"{name}@{part}"] = pa.array(values[part::width], pa.float64())
         rest = {key: value for key, value in level.items() if key not in {"keys", "columns"}}
         meta = {**{k: v for k, v in store.items() if k != "levels"}, "level": index, "width": width, **rest}
+        meta["of"] = len(store["levels"])  # how many to read back: an earlier export may have left more
         text = json.dumps(_store_to_json({"levels": [{**meta, "columns": {}}]})["levels"][0], allow_nan=False)
         tables.append(pa.table(columns).replace_schema_metadata({_PARQUET_META: text}))
     return tables
@@ -253,7 +254,9 @@ def read_parquet_store(stem: Path) -> dict[str, Any]:
     pq = importlib.import_module("pyarrow.parquet")
     levels: list[dict[str, Any]] = []
     store: dict[str, Any] = {}
-    while (path := stem.with_name(f"{stem.name}.level{len(levels)}.parquet")).exists() or not levels:
+    count = 1
+    while len(levels) < count:
+        path = stem.with_name(f"{stem.name}.level{len(levels)}.parquet")
         table = pq.read_table(path)
         meta = json.loads((table.schema.metadata or {}).get(_PARQUET_META.encode(), b"null"))
         if not isinstance(meta, dict):
@@ -265,7 +268,10 @@ def read_parquet_store(stem: Path) -> dict[str, Any]:
         }
         store = {key: meta.pop(key) for key in ("channels", "last_time_s", "max_marks", "marks")}
         meta.pop("level")
+        of = meta.pop("of", None)
         levels.append({**meta, "keys": data["key"], "columns": columns})
+        following = stem.with_name(f"{stem.name}.level{len(levels)}.parquet").exists()
+        count = int(of) if of is not None else len(levels) + following  # without "of": every file there
     found = _store_from_json({**store, "levels": levels})
     assert found is not None
     return found
