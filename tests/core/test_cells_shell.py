@@ -163,3 +163,24 @@ def test_automatic_mode_names_kinds_of_cells_that_rebind_no_tensor(fake_shell: A
     assert state.tracker.walks == walks
     history = _outputs(run_cell_capture(fake_shell, "%gpumem history")[1])
     assert "by kind" in history and "optimizer state +8.0 MiB" in history and "gradients +4.0 MiB" in history
+
+
+def test_kinds_changed_by_earlier_unmeasured_cells_say_since_when(fake_shell: Any) -> None:
+    """Cells that change no memory are not walked: the next walk's kinds include what they moved (here
+    `x` from a name to IPython's Out), so that cell's line and history row must say since when."""
+    torch = pytest.importorskip("torch")
+    fake_shell.user_ns["torch"] = torch
+    run_cell_capture(fake_shell, "%config GpuMem.threshold_bytes = 1048576")
+    run_cell_capture(fake_shell, "%gpumem auto on")
+    result, _cap = run_cell_capture(fake_shell, "x = torch.zeros(2 * MIB // 4)\nh1 = src.allocate(2 * MIB)")
+    walked = result.execution_count
+    run_cell_capture(fake_shell, "x")  # Out[...] now holds it too
+    run_cell_capture(fake_shell, "del x")  # only Out does: the kind changed, memory did not
+    text = _outputs(run_cell_capture(fake_shell, "h2 = src.allocate(2 * MIB)")[1])
+    assert f"; by kind (since cell [{walked}]): held by IPython +2.0 MiB, other tensors -2.0 MiB" in text, text
+    # The cell right after a walk: its kinds are its own, said without a "since".
+    text = _outputs(run_cell_capture(fake_shell, "y = torch.zeros(2 * MIB // 4)\nh3 = src.allocate(2 * MIB)")[1])
+    assert "; by kind other tensors +2.0 MiB" in text, text
+    history = _outputs(run_cell_capture(fake_shell, "%gpumem history")[1])
+    assert f"since cell [{walked}]: held by IPython +2.0 MiB (+1 more)" in history, history
+    assert "  other tensors +2.0 MiB  " in history, history

@@ -378,3 +378,21 @@ def test_a_heap_of_many_segments_is_split_from_sizes_not_read(monkeypatch: pytes
     block = {"size": 512, "state": "active_allocated"}
     fake.cuda.memory_snapshot = lambda: [{"device": 0, "address": 4096, "blocks": [block]}]
     assert remainder.allocator_blocks((0,)) == [("cuda:0", 4096, 512)]
+
+
+def test_a_cell_line_labels_unattributed_an_estimate_when_the_workspaces_were_estimated() -> None:
+    """Past 1,000 segments the split is from sizes: 40 MiB no storage starts at become a 32 MiB "workspace"
+    (estimate) and 8 MiB unattributed. Compared with a walk that read the blocks, the cell's line must not
+    say unattributed memory fell by 32 MiB as a fact: that figure is the estimate's other side."""
+    from types import SimpleNamespace
+
+    from gpumem.core.cells.kinds import kind_changes, kinds_line, read_kinds
+
+    leaked = ("cuda:0", 7 << 20, 40 * MIB)  # a block no storage starts at, not a workspace's size
+    read = split_remainder(40 * MIB, {}, {}, sizes=H200, blocks=[leaked])
+    estimated = split_remainder(40 * MIB, {}, {}, sizes=H200, blocks=None)
+    assert read.unexplained_bytes == 40 * MIB and estimated.workspace_bytes == 32 * MIB
+    before = read_kinds(SimpleNamespace(kinds=kind_totals([], 0, 0, read)))
+    after = read_kinds(SimpleNamespace(kinds=kind_totals([], 0, 0, estimated)))
+    line = kinds_line(kind_changes(before, after), "since cell [3]")
+    assert line == "by kind (since cell [3]): cuBLAS workspaces (estimate) +32.0 MiB, unattributed (estimate) -32.0 MiB"

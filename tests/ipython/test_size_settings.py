@@ -85,3 +85,22 @@ def test_a_bad_size_at_run_time_is_one_logged_line_and_the_value_kept(
     finally:
         ip.run_cell("%unload_ext gpumem")
         ip.config.pop("GpuMem", None)
+
+
+@pytest.mark.parametrize("value", [1e300, 1 << 61, "2EiB"])
+def test_a_size_past_one_exbibyte_is_refused_as_a_number_too(
+    ip: Any, fake_monitor: Monitor, capsys: pytest.CaptureFixture[str], value: Any
+) -> None:
+    """'2 EiB' as text is refused as a typo; the same size as a number (a config file's 1e300) is too."""
+    ip.config.GpuMem.host_leak_min_bytes = value
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        state = _extension.get_state()
+        assert state is not None
+        assert state.tracker.host_leak_min_bytes == 32 * MIB  # the default
+        err = capsys.readouterr().err
+        assert err.startswith("gpumem: ignoring GpuMem.host_leak_min_bytes"), err
+        assert "Traceback" not in err
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        del ip.config["GpuMem"]

@@ -108,7 +108,8 @@ def auto_mode_text(state: ExtensionState) -> str:
 @argument("--clear", action="store_true", help="forget the recorded cells")
 def magic_history(state: ExtensionState, line: str) -> None:
     """Show the measured cells (number, start, duration, status, per-device allocated change and peak,
-    host change, warnings, first line), or export them. In Python, gpumem.history() returns a DataFrame.
+    host change, largest change by kind, warnings and notes, first line), or export them. In Python,
+    gpumem.history() returns a DataFrame.
 
     An export is written to a temporary file next to the target and renamed over it only once it is
     complete: if writing fails, the previous file is left as it was.

@@ -15,7 +15,7 @@ from traitlets.config import Config, Configurable
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES
 from gpumem.core.monitor import Monitor
-from gpumem.core.units import MIB, parse_size
+from gpumem.core.units import MAX_SIZE_BYTES, MIB, parse_size
 from gpumem.ipython.arguments import complain
 
 __all__ = ["DEFAULT_TOP", "ExtensionState", "GpuMem"]
@@ -34,7 +34,10 @@ class ByteSize(Int):  # type: ignore[type-arg]
                 value = parse_size(value)
             except ValueError as error:
                 raise TraitError(f"{self.name}: {error}") from None
-        return super().validate(obj, value)
+        value = super().validate(obj, value)
+        if value >= MAX_SIZE_BYTES:  # as parse_size refuses the same size written as text
+            raise TraitError(f"{self.name}: {value:.3g} bytes is too large for a memory size (at most 1 EiB)")
+        return value
 
     def from_string(self, s: str) -> Any:
         return s  # validate() reads it, so that "64MiB" works on a command line too

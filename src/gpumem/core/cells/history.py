@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 from gpumem.core.cells.formatting import STYLE, at_least, cell_label, format_duration
-from gpumem.core.cells.kinds import kinds_brief
+from gpumem.core.cells.kinds import kinds_brief, kinds_since_earlier
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.files import replace_file
 from gpumem.core.units import format_delta
@@ -72,7 +72,7 @@ class HistoryTable:
                         format_delta(delta) if change.peak_exact else at_least(delta, ""),
                     ]
             row.append(format_delta(record.host.rss_delta_bytes) if record.host is not None else "n/a")
-            row.append(kinds_brief(record.kinds, limit=1))
+            row.append(_kinds_column(record))
             row.append(_marks(record))
             row.append(record.first_line)
             rows.append(row)
@@ -119,6 +119,13 @@ class HistoryTable:
         if self.total > len(self.records):
             lines.append(f"(last {len(self.records)} of {self.total} cells; --all shows every one)")
         return "\n".join(line.rstrip() for line in lines)
+
+
+def _kinds_column(record: CellRecord) -> str:
+    """The largest kind change, and since when if that is before the cell just before this one."""
+    brief = kinds_brief(record.kinds, limit=1)
+    since = kinds_since_earlier(record) if brief else ""
+    return f"{since}: {brief}" if since else brief
 
 
 def _marks(record: CellRecord) -> str:

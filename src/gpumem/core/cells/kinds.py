@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpumem.core.cells.record import KindChange
+from gpumem.core.cells.record import CellRecord, KindChange
 from gpumem.core.units import MIB, format_delta
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "kind_changes",
     "kinds_brief",
     "kinds_line",
+    "kinds_since_earlier",
     "read_kinds",
     "shown_kinds",
 ]
@@ -87,6 +88,19 @@ def kinds_brief(changes: Sequence[KindChange], limit: int = 2) -> str:
         return ""
     text = ", ".join(f"{_short(change.kind)} {format_delta(change.delta_bytes)}" for change in shown[:limit])
     return f"{text} (+{len(shown) - limit} more)" if len(shown) > limit else text
+
+
+def kinds_since_earlier(record: CellRecord) -> str:
+    """``since cell [3]`` when the cell's kinds compare with a walk before the cell just before it, else "".
+
+    Cells that change no memory are not walked, so what they moved (a tensor from a name to ``Out``) shows
+    in the next walked cell's kinds: a one-line form must then say since when, as the full report does.
+    """
+    since = record.kinds_since
+    if not record.kinds or not since or since == "since the start of the cell":
+        return ""
+    count = record.execution_count
+    return "" if count is not None and since == f"since cell [{count - 1}]" else since
 
 
 def _short(kind: str) -> str:

@@ -20,7 +20,7 @@ from gpumem.core.cells.history import (
     write_csv,
     write_json,
 )
-from gpumem.core.cells.kinds import kinds_brief, kinds_line
+from gpumem.core.cells.kinds import kinds_brief, kinds_line, kinds_since_earlier
 from gpumem.core.cells.record import CellRecord, DeviceChange, HostChange, VariableChange
 from gpumem.core.device_split import device_split_text, split_of
 from gpumem.core.units import format_bytes, format_delta
@@ -282,7 +282,8 @@ def _summary_text(record: CellRecord) -> str:
         parts.append(f"host {format_delta(record.host.rss_delta_bytes)}")
     by_kind = kinds_brief(record.kinds)
     if by_kind:
-        parts.append(f"by kind {by_kind}")
+        since = kinds_since_earlier(record)
+        parts.append(f"by kind ({since}): {by_kind}" if since else f"by kind {by_kind}")
     figures = "; ".join(parts) or "no memory figures (see %gpumem status)"
     line = f"gpumem {cell_label(record)} {format_duration(record.duration_s)}: {figures}"
     if record.status != "ok":

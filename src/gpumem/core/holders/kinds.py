@@ -52,7 +52,8 @@ def kind_totals(
         totals.append(KindTotal(WORKSPACES, remainder.workspace_bytes, workspace_note(remainder), estimate))
         rounding_note = "blocks are 512-byte multiples" + ("" if remainder.blocks_read else " (computed from sizes)")
         totals.append(KindTotal(ROUNDING, remainder.rounding_bytes, rounding_note))
-        totals.append(KindTotal(UNATTRIBUTED, remainder.unexplained_bytes, _unexplained_note(remainder)))
+        # What the estimate took as workspaces is no longer unattributed: that figure is the estimate's other side.
+        totals.append(KindTotal(UNATTRIBUTED, remainder.unexplained_bytes, _unexplained_note(remainder), estimate))
     return tuple(total for total in totals if total.nbytes or (total.kind == UNATTRIBUTED and total.nbytes < 0))
 
 

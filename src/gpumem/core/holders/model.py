@@ -88,7 +88,7 @@ class KindTotal(NamedTuple):
     kind: str
     nbytes: int
     note: str = ""
-    estimate: bool = False  # inferred from sizes (workspaces the allocator's blocks could not confirm)
+    estimate: bool = False  # inferred from sizes: workspaces the blocks could not confirm, and the rest beside them
 
 
 class CycleReport(NamedTuple):
