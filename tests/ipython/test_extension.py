@@ -263,3 +263,20 @@ def test_the_front_end_can_ask_for_a_sidebar_panel_only_while_loaded(ip):
     assert _frontend._sidebar_factory is not None
     ip.run_cell("%unload_ext gpumem")
     assert _frontend._sidebar_factory is None
+
+
+def test_unload_forgets_the_outputs_of_the_panels_it_showed(ip: Any, fake_monitor: Monitor) -> None:
+    pytest.importorskip("bqplot")
+    from IPython.utils.capture import capture_output
+
+    from gpumem.ipython import panel_magics
+    from gpumem.panel.widget import Panel
+
+    assert ip.run_cell("%load_ext gpumem").success
+    panel = Panel(fake_monitor)
+    with capture_output(display=True):
+        panel_magics._show(panel)
+    assert [ref() for ref, _handle in panel_magics._shown] == [panel]
+    assert ip.run_cell("%unload_ext gpumem").success
+    assert panel_magics._shown == []
+    assert panel.closed

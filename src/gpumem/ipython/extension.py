@@ -104,6 +104,9 @@ def unload(shell: Any) -> None:
         from gpumem.panel.sidebar import close_all
 
         _attempt(_Step(_PANEL_FEATURE, close_all))
+        from gpumem.ipython.panel_magics import forget_shown
+
+        forget_shown()
     for event, hook in (("pre_run_cell", loaded.hooks.pre_run_cell), ("post_run_cell", loaded.hooks.post_run_cell)):
         with contextlib.suppress(ValueError):
             shell.events.unregister(event, hook)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from gpumem.panel.widget import Panel
 
-__all__ = ["CLOSED_NOTE", "magic_monitor", "magic_sidebar"]
+__all__ = ["CLOSED_NOTE", "forget_shown", "magic_monitor", "magic_sidebar"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -175,6 +175,11 @@ def _show(panel: Panel) -> None:
     handle = ipython_display(panel, display_id=True)  # type: ignore[no-untyped-call]
     if handle is not None:
         _shown.append((weakref.ref(panel), handle))
+
+
+def forget_shown() -> None:
+    """At unload: the outputs of the panels shown are no longer ours to update."""
+    _shown.clear()
 
 
 def _note_closed() -> None:
