@@ -248,20 +248,12 @@ class CellTracker:
         (a ``%%gpumem`` found inside an automatically measured cell), except for ``keep_peaks``.
         ``hidden`` names references the host keeps for the user (``{"Out[7]": value}``)."""
         duration_s = time.perf_counter() - cell.started_perf_s
-        # Only a full report splits "device used" by who uses it; NVML's per-process read costs ~80 us a
-        # cell, too much for every automatic-mode cell, whose one-line summary never shows the split.
-        shown = options if options is not None else cell.options
-        end = self.monitor.snapshot(process_memory=shown.mode != "auto")
-        with self._lock:
-            cell.finished = True
-            if cell in self._active:
-                self._active.remove(cell)
-        cell.take_sample(end)
-        start = cell.start
-        assert start is not None
         options = options or cell.options
         if options.keep_peaks != cell.options.keep_peaks:
             options = options._replace(keep_peaks=cell.options.keep_peaks)
+        end = self._close(cell, options)
+        start = cell.start
+        assert start is not None
         status, error_text = classify_error(error)
         count = execution_count if execution_count is not None else cell.execution_count
         devices = device_changes(cell, start, end, options.devices, self._resets)
@@ -304,6 +296,18 @@ class CellTracker:
         self._resets.release()
         self._tell_listeners(record)
         return record
+
+    def _close(self, cell: ActiveCell, options: CellOptions) -> Snapshot:
+        """The cell's end reading; the cell stops being active (nothing more is sampled into it)."""
+        # Only a full report splits "device used" by who uses it; NVML's per-process read costs ~80 us a
+        # cell, too much for every automatic-mode cell, whose one-line summary never shows the split.
+        end = self.monitor.snapshot(process_memory=options.mode != "auto")
+        with self._lock:
+            cell.finished = True
+            if cell in self._active:
+                self._active.remove(cell)
+        cell.take_sample(end)
+        return end
 
     def standing_conditions(
         self, namespace: Mapping[str, Any] | None = None, hidden: Mapping[str, Any] | None = None
