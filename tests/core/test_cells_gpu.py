@@ -217,6 +217,15 @@ def no_expandable_segments() -> None:
         pytest.skip("expandable segments are on: the allocator does not fragment this way")
 
 
+def _run_without_fragmentation_claims(shell: Any, cells: list[str]) -> None:
+    """Each cell runs, and neither its output nor its record says anything about fragmentation."""
+    for cell in cells:
+        result, captured = run_cell_capture(shell, cell)
+        assert result.success, cell
+        assert "fragment" not in _texts(captured), cell
+        assert not [w for w in last().warnings if w.kind == "fragmentation"], cell
+
+
 @pytest.mark.usefixtures("no_expandable_segments")
 def test_one_large_free_block_is_no_fragmentation(gpu: Any) -> None:
     """x = 1 GiB, a 2 GiB transient freed, two 64 MiB tensors: 1.875 GiB free in one block (the H200 report)."""
@@ -232,11 +241,7 @@ def test_one_large_free_block_is_no_fragmentation(gpu: Any) -> None:
         "%%gpumem\nz = 2",
         "%%gpumem\nc = torch.ones(1, device='cuda:0')",
     ]
-    for cell in cells:
-        result, captured = run_cell_capture(gpu, cell)
-        assert result.success, cell
-        assert "fragment" not in _texts(captured), cell
-        assert not [w for w in last().warnings if w.kind == "fragmentation"], cell
+    _run_without_fragmentation_claims(gpu, cells)
     segments = torch.cuda.memory_snapshot()
     (split,) = [s for s in segments if s["device"] == 0 and s["total_size"] == 2 * GIB]
     assert _blocks(split) == [
@@ -311,11 +316,7 @@ def test_after_a_deep_free_with_little_allocated_no_fragmentation_claim(gpu: Any
         "y = 1",
         "%%gpumem\nz = 1",
     ]
-    for cell in cells:
-        result, captured = run_cell_capture(gpu, cell)
-        assert result.success, cell
-        assert "fragment" not in _texts(captured), cell
-        assert not [w for w in last().warnings if w.kind == "fragmentation"], cell
+    _run_without_fragmentation_claims(gpu, cells)
     segments = torch.cuda.memory_snapshot()
     (kept,) = [s for s in segments if s["device"] == 0 and s["total_size"] == 2 * GIB]
     assert _blocks(kept) == [(32 * MIB, "active_allocated"), (2 * GIB - 32 * MIB, "inactive")]

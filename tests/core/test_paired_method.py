@@ -4,26 +4,13 @@ the workload reports made-up durations, so every figure is known exactly)."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from _harness.benchmarks import load_benchmark
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "_paired.py"
-    spec = importlib.util.spec_from_file_location("_paired", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_paired"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-paired = _load()
+paired = load_benchmark("_paired")
 
 
 class FakeWork:

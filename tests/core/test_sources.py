@@ -1,5 +1,6 @@
 import os
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -112,20 +113,29 @@ def test_nvml_source_resets_itself_in_a_forked_child():
         pytest.skip("no fork on this platform")
     nvml = NvmlSource()
     nvml.unavailable_reason()
+
+    def resets() -> bool:
+        ok = nvml._pid == os.getpid() or (nvml.unavailable_reason() is not None or nvml.devices() is not None)
+        return ok and nvml._pid == os.getpid()
+
+    assert _in_forked_child(resets)
+
+
+def _in_forked_child(check: Callable[[], bool]) -> bool:
+    """Run ``check`` in a forked child; its answer, sent back through a pipe."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            ok = nvml._pid == os.getpid() or (nvml.unavailable_reason() is not None or nvml.devices() is not None)
-            ok = ok and nvml._pid == os.getpid()
-            os.write(write, b"1" if ok else b"0")
+            os.write(write, b"1" if check() else b"0")
         finally:
             os._exit(0)
     os.close(write)
     _, status = os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1"
+    answer = os.read(read, 1)
     os.close(read)
     assert status == 0
+    return answer == b"1"
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not sys.platform.startswith("linux"), reason="fork and /proc: Linux")
@@ -134,21 +144,13 @@ def test_host_rss_in_a_forked_child_is_the_childs_own():
     pytest.importorskip("psutil")
     source = HostSource()
     assert source.read() is not None and source._statm is not None
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            block = bytearray(256 * 2**20)  # zero-filled pages: resident in the child only
-            block[:: 4096] = b"\x01" * len(block[:: 4096])
-            with open(f"/proc/{os.getpid()}/statm", "rb") as own:  # noqa: PTH123 - the child's figure, read afresh
-                expected = int(own.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            reading = source.read()
-            ok = reading is not None and abs(reading.rss_bytes - expected) < 16 * 2**20
-            os.write(write, b"1" if ok else b"0")
-        finally:
-            os._exit(0)
-    os.close(write)
-    _, status = os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1"
-    os.close(read)
-    assert status == 0
+
+    def own_figure() -> bool:
+        block = bytearray(256 * 2**20)  # zero-filled pages: resident in the child only
+        block[:: 4096] = b"\x01" * len(block[:: 4096])
+        with open(f"/proc/{os.getpid()}/statm", "rb") as own:  # noqa: PTH123 - the child's figure, read afresh
+            expected = int(own.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        reading = source.read()
+        return reading is not None and abs(reading.rss_bytes - expected) < 16 * 2**20
+
+    assert _in_forked_child(own_figure)

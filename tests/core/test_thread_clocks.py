@@ -3,25 +3,11 @@ rates (no timing here: the inputs are written out, so every figure is known exac
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from _harness.benchmarks import load_benchmark
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_threads.py"
-    spec = importlib.util.spec_from_file_location("bench_threads", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_threads"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_benchmark("bench_threads")
 
 # A real /proc/<pid>/task/<tid>/stat line, with a thread name holding spaces and a parenthesis.
 STAT = (
