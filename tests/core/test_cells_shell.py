@@ -184,3 +184,23 @@ def test_kinds_changed_by_earlier_unmeasured_cells_say_since_when(fake_shell: An
     history = _outputs(run_cell_capture(fake_shell, "%gpumem history")[1])
     assert f"since cell [{walked}]: held by IPython +2.0 MiB (+1 more)" in history, history
     assert "  other tensors +2.0 MiB  " in history, history
+
+
+def test_a_cell_measured_on_purpose_is_sampled_at_the_fastest_rate_and_others_are_not(ip: Any) -> None:
+    """Automatic mode keeps the idle rate; a %%gpumem cell asks for 10 Hz while it runs, and gives it back."""
+    fake = FakeSource()
+    monitor = Monitor(fake)
+    _load(ip, monitor)
+    try:
+        ip.user_ns["sampler"] = monitor.sampler
+        assert ip.run_cell("%%gpumem\ninside = sampler.rate_hz").success
+        assert ip.user_ns["inside"] == 10
+        assert monitor.running and monitor.sampler.rate_hz == 2
+        assert ip.run_cell("%gpumem auto on").success
+        assert ip.run_cell("inside = sampler.rate_hz").success
+        assert ip.user_ns["inside"] == 2
+        assert ip.run_cell("%%gpumem\nraise ValueError('a failing cell gives its rate back too')").success is False
+        assert monitor.sampler.rate_hz == 2
+    finally:
+        ip.user_ns.pop("sampler", None)
+        _unload(ip)

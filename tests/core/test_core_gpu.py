@@ -164,3 +164,28 @@ def test_untouched_devices_get_no_context():
     for device, present in result["listed"].items():
         if device != "0":
             assert present is False, result
+
+
+def test_memory_read_with_the_gil_held_matches_pynvml_once_cuda_is_up():
+    result = _run(
+        """
+        import json, pynvml, torch
+        from gpumem.core.sources import SystemSource
+        source = SystemSource()
+        before = source.snapshot()  # CUDA not initialized yet: pynvml's own call
+        torch.zeros(1, device="cuda:0")
+        source.snapshot()
+        nvml = source.nvml
+        handle = nvml._handles[0]
+        held = nvml._held.read(handle)
+        plain = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        reading = nvml.read(0, hold_gil=True)
+        print(json.dumps({"held": [held.total, held.used, held.free], "plain": [plain.total, plain.used, plain.free],
+                          "reading_total": reading.total_bytes, "holding": nvml.reads_holding_gil,
+                          "too_slow": nvml._held.too_slow, "before_devices": len(before.devices)}))
+        """
+    )
+    assert result["holding"] and not result["too_slow"]
+    assert result["held"][0] == result["plain"][0] == result["reading_total"]
+    assert abs(result["held"][1] - result["plain"][1]) <= 2 * 2**20  # read a few microseconds apart
+    assert result["before_devices"] >= 1

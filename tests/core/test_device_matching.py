@@ -7,6 +7,7 @@ N-device paths are driven here through a stand-in ``pynvml`` module with the lib
 from __future__ import annotations
 
 import sys
+import time
 import types
 from typing import Any, NamedTuple
 
@@ -150,3 +151,49 @@ def test_system_snapshot_reports_every_visible_device(nvml, monkeypatch):
     snapshot = SystemSource().snapshot()
     assert [(d.device, d.total_bytes) for d in snapshot.devices] == [(0, 40 * GIB), (1, 80 * GIB)]
     assert snapshot.allocator == ()
+
+
+def test_a_slow_gil_held_read_turns_the_held_reads_off(nvml: types.ModuleType) -> None:
+    import ctypes
+
+    from gpumem.core import nvml as nvml_module
+
+    class Memory(ctypes.Structure):
+        _fields_ = (("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong))
+
+    calls: list[str] = []
+
+    def slow_call(handle: Any, reference: Any) -> int:
+        calls.append(handle["name"].decode())
+        reference._obj.total, reference._obj.used, reference._obj.free = 80 * GIB, 3 * GIB, 77 * GIB
+        time.sleep(nvml_module.HELD_CALL_LIMIT_S * 3)
+        return 0
+
+    source = NvmlSource()
+    source.devices()
+    source._held = nvml_module._HeldGilMemoryInfo(slow_call, Memory)
+    assert source.reads_holding_gil
+    first = source.read(0, hold_gil=True)
+    assert first is not None and first.used_bytes == 3 * GIB  # the slow read's figures are still right
+    assert not source.reads_holding_gil
+    second = source.read(0, hold_gil=True)
+    assert second is not None and second.used_bytes == 1 * GIB  # pynvml's own call from now on
+    assert calls == ["GPU A"]
+
+
+def test_a_failed_gil_held_read_falls_back_to_pynvml(nvml: types.ModuleType) -> None:
+    import ctypes
+
+    from gpumem.core import nvml as nvml_module
+
+    class Memory(ctypes.Structure):
+        _fields_ = (("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong))
+
+    source = NvmlSource()
+    source.devices()
+    source._held = nvml_module._HeldGilMemoryInfo(lambda handle, reference: 999, Memory)
+    reading = source.read(0, hold_gil=True)
+    assert reading is not None and reading.used_bytes == 1 * GIB
+    assert source.reads_holding_gil  # a failing call is not a slow one
+    not_held = source.read(1, hold_gil=False)
+    assert not_held is not None and not_held.used_bytes == 7 * GIB

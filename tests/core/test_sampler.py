@@ -212,3 +212,42 @@ def test_an_explicit_start_outlives_shared_users():
     assert monitor.running
     monitor.stop()
     assert not monitor.running
+
+
+def test_the_sampler_runs_as_fast_as_its_fastest_user_asks_and_no_slower_than_its_own_rate():
+    monitor = Monitor(FakeSource(), rate_hz=2)
+    monitor.acquire("automatic mode")
+    assert monitor.sampler.rate_hz == 2
+    monitor.acquire("panel, 1 minute", rate_hz=10)
+    monitor.acquire("slow view", rate_hz=0.5)
+    assert monitor.sampler.rate_hz == 10
+    monitor.acquire("panel, 1 minute", rate_hz=4)  # the same user asks again: its rate changes
+    assert monitor.sampler.rate_hz == 4
+    monitor.release("panel, 1 minute")
+    assert monitor.sampler.rate_hz == 2
+    monitor.rate_hz = 5
+    assert monitor.sampler.rate_hz == 5 and monitor.rate_hz == 5
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="rate_hz"):
+            monitor.acquire("bad", rate_hz=bad)
+    assert "bad" not in monitor.users
+    monitor.stop()
+    assert _sampler_threads() == []
+
+
+def test_a_faster_rate_takes_effect_at_once():
+    sampler = Sampler(FakeSource(), Timeline(), rate_hz=0.2)
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 2
+        while sampler.cost().samples < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        asked = time.monotonic()
+        sampler.rate_hz = 50  # the thread is in a 5 s wait
+        while sampler.cost().samples < 6 and time.monotonic() < asked + 2:
+            time.sleep(0.005)
+        assert sampler.cost().samples >= 6
+        assert time.monotonic() - asked < 1.0
+    finally:
+        sampler.stop()
+    assert _sampler_threads() == []

@@ -602,3 +602,22 @@ def test_traffic_stays_within_budget_by_construction(
     options = PanelOptions()
     assert curve_interval_s(options, 0) >= 1 / options.rate_hz
     assert math.isclose(curve_interval_s(options, 72_000), 2.0)
+
+
+def test_the_panel_asks_for_one_sample_per_pixel_of_its_window(fake: tuple[FakeSource, Monitor]) -> None:
+    """2 Hz for the default 10 minutes (the monitor's own rate), 10 Hz for 1 minute, back when it closes."""
+    _source, monitor = fake
+    panel = Panel(monitor)
+    panel._repr_mimebundle_()
+    assert monitor.running and monitor.sampler.rate_hz == 2
+    narrow = Panel(monitor, window="1m")
+    narrow._repr_mimebundle_()
+    assert monitor.sampler.rate_hz == 10
+    narrow._window.value = "1 h"  # the user picks a longer window: the writer thread applies it
+    _wait_until(lambda: monitor.sampler.rate_hz == 2)
+    narrow._window.value = "1 min"
+    _wait_until(lambda: monitor.sampler.rate_hz == 10)
+    narrow.close()
+    assert monitor.sampler.rate_hz == 2
+    panel.close()
+    assert not monitor.running

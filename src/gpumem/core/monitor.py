@@ -6,6 +6,7 @@ however many panels are open, one thread samples.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -55,8 +56,9 @@ class Monitor:
         self.source: MemorySource = source if source is not None else SystemSource()
         self.timeline = Timeline(levels)
         self.sampler = Sampler(self.source, self.timeline, rate_hz)
+        self._rate_hz = self.sampler.rate_hz
         self._users_lock = threading.Lock()
-        self._users: set[Hashable] = set()
+        self._users: dict[Hashable, float | None] = {}  # user -> the sampling rate it asked for
         self._started_explicitly = False
         self.thresholds = Thresholds(self._capacity)
         self.thresholds.warn_at(warn_at)
@@ -78,24 +80,51 @@ class Monitor:
         """
         with self._users_lock:
             self._users.clear()
+            self._apply_rate_locked()
             self._started_explicitly = False
         self.sampler.stop()
         self.thresholds.stop()
         if self._recorder is not None:
             self._recorder.close()
 
-    def acquire(self, user: Hashable) -> None:
-        """Keep the sampler running on behalf of ``user`` (a panel, automatic mode) until it releases."""
+    @property
+    def rate_hz(self) -> float:
+        """The monitor's own sampling rate: the sampler never runs slower, a user may ask it to run faster."""
+        return self._rate_hz
+
+    @rate_hz.setter
+    def rate_hz(self, value: float) -> None:
         with self._users_lock:
-            self._users.add(user)
+            self.sampler.rate_hz = value  # checks the value
+            self._rate_hz = value
+            self._apply_rate_locked()
+
+    def acquire(self, user: Hashable, rate_hz: float | None = None) -> None:
+        """Keep the sampler running on behalf of ``user`` (a panel, automatic mode) until it releases.
+
+        ``rate_hz``: how often ``user`` needs a sample; the sampler runs at the fastest rate its users ask
+        for, and at the monitor's own rate when none asks for more. Acquiring again changes the rate asked.
+        """
+        if rate_hz is not None and not (math.isfinite(rate_hz) and rate_hz > 0):
+            raise ValueError(f"rate_hz must be a positive number of samples per second, not {rate_hz!r}")
+        with self._users_lock:
+            self._users[user] = rate_hz
+            self._apply_rate_locked()
             self.sampler.start()
+
+    def _apply_rate_locked(self) -> None:
+        asked = [rate for rate in self._users.values() if rate is not None]
+        rate = max([self._rate_hz, *asked])
+        if rate != self.sampler.rate_hz:
+            self.sampler.rate_hz = rate
 
     def release(self, user: Hashable) -> None:
         """Drop ``user``'s claim; the sampler stops when no claim is left. Unknown users are ignored."""
         with self._users_lock:
             if user not in self._users:
                 return
-            self._users.discard(user)
+            del self._users[user]
+            self._apply_rate_locked()
             last = not self._users and not self._started_explicitly
         if last:
             self.sampler.stop()

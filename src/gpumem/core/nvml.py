@@ -1,19 +1,30 @@
 """Whole-device memory through NVML (all processes, CUDA contexts included), matched to CUDA indices.
 
 NVML and CUDA number devices differently under ``CUDA_VISIBLE_DEVICES`` (indices, UUIDs, MIG), so devices
-are matched by UUID or PCI bus id, never by position. NVML calls release the GIL (ctypes).
+are matched by UUID or PCI bus id, never by position.
+
+pynvml's calls release the GIL (ctypes), and a background thread that lets go of the GIL must then wait
+for a busy main thread to hand it back: up to the 5 ms switch interval, two more wake-ups and a forced
+switch of the main thread, per call. Once this process has initialized CUDA (so the driver keeps the GPU
+initialized and the call is a quick ioctl, ~6 us), the memory figure is read with the GIL held instead
+(:class:`_HeldGilMemoryInfo`); a call that ever takes longer than :data:`HELD_CALL_LIMIT_S` turns that off
+for good, so a slow driver can stall the notebook at most once, briefly.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
+import time
 from typing import Any, Protocol
 
 from gpumem.core.devices import parse_visible_devices
 from gpumem.core.readings import DeviceInfo, DeviceReading
 
-__all__ = ["DevicePropertiesReader", "NvmlSource"]
+__all__ = ["HELD_CALL_LIMIT_S", "DevicePropertiesReader", "NvmlSource"]
+
+HELD_CALL_LIMIT_S = 0.001  # a GIL-held NVML call slower than this stops reading with the GIL held
 
 
 class DevicePropertiesReader(Protocol):
@@ -37,6 +48,7 @@ class NvmlSource:
         self._pid = os.getpid()
         self._init_attempted = False
         self._no_driver = False  # NVML (which ships with the driver) could not start
+        self._held: _HeldGilMemoryInfo | None = None
 
     def _ensure(self) -> Any | None:
         if self._pid != os.getpid():
@@ -59,6 +71,7 @@ class NvmlSource:
                 self._no_driver = True
                 return None
             self._nvml = pynvml
+            self._held = _HeldGilMemoryInfo.bind(pynvml)
             try:
                 self._map_devices_from_environment()
             except Exception as error:
@@ -77,6 +90,7 @@ class NvmlSource:
         self._pid = os.getpid()
         self._init_attempted = False
         self._no_driver = False
+        self._held = None
 
     def _map_devices_from_environment(self) -> None:
         """Map CUDA indices to NVML devices from CUDA_VISIBLE_DEVICES before torch can tell us."""
@@ -185,12 +199,18 @@ class NvmlSource:
             return None
         return self._infos.get(device)
 
-    def read(self, device: int, *, process_memory: bool = False) -> DeviceReading | None:
+    def read(self, device: int, *, process_memory: bool = False, hold_gil: bool = False) -> DeviceReading | None:
+        """One device's memory. ``hold_gil``: the caller knows this process has initialized CUDA."""
         nvml = self._ensure()
         handle = self._handles.get(device)
         if nvml is None or handle is None:
             return None
-        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        held = self._held if hold_gil else None
+        info = held.read(handle) if held is not None else None
+        if held is not None and held.too_slow:
+            self._held = None
+        if info is None:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
         own: int | None = None
         if process_memory:
             own = self._process_used(handle)
@@ -201,6 +221,12 @@ class NvmlSource:
             free_bytes=int(info.free),
             process_used_bytes=own,
         )
+
+    @property
+    def reads_holding_gil(self) -> bool:
+        """Whether memory figures are read with the GIL held (once CUDA is initialized here)."""
+        self._ensure()
+        return self._held is not None
 
     def _process_used(self, handle: Any) -> int | None:
         nvml = self._nvml
@@ -230,6 +256,38 @@ class NvmlSource:
         except Exception:
             return None
         return any(process.pid == os.getpid() for process in processes)
+
+
+class _HeldGilMemoryInfo:
+    """``nvmlDeviceGetMemoryInfo`` through the library pynvml loaded, called with the GIL held (PyDLL)."""
+
+    def __init__(self, function: Any, structure: type[ctypes.Structure]) -> None:
+        self._function = function
+        self._structure = structure
+        self.too_slow = False
+
+    @classmethod
+    def bind(cls, nvml: Any) -> _HeldGilMemoryInfo | None:
+        library = getattr(nvml, "nvmlLib", None)
+        structure = getattr(nvml, "c_nvmlMemory_t", None)
+        if library is None or structure is None:
+            return None
+        try:
+            held = ctypes.PyDLL(library._name, handle=library._handle)  # noqa: SLF001 - ctypes' own attributes
+            function = held.nvmlDeviceGetMemoryInfo
+        except (AttributeError, OSError, TypeError):
+            return None
+        function.restype = ctypes.c_int
+        return cls(function, structure)
+
+    def read(self, handle: Any) -> Any | None:
+        """The figures, or None (then pynvml's own call reads them, and raises what it raises)."""
+        memory = self._structure()  # one per call: another thread may read between this call and its use
+        began = time.perf_counter()
+        code = self._function(handle, ctypes.byref(memory))
+        if time.perf_counter() - began > HELD_CALL_LIMIT_S:
+            self.too_slow = True
+        return memory if code == 0 else None
 
 
 def _mig_enabled(nvml: Any, handle: Any) -> bool:

@@ -21,12 +21,15 @@ from gpumem.core.readings import Snapshot
 from gpumem.core.sources import MemorySource
 from gpumem.core.timeline import Timeline
 
-__all__ = ["DEFAULT_RATE_HZ", "Sampler", "SamplerCost", "channels_of"]
+__all__ = ["DEFAULT_RATE_HZ", "MAX_RATE_HZ", "Sampler", "SamplerCost", "channels_of"]
 
-# 10 Hz costs well under 0.1% of a launch-bound training loop (see BENCHMARKS.md) and is fine
-# enough to draw curves; exact per-cell peaks come from the allocator's counters, not sampling.
-DEFAULT_RATE_HZ = 10.0
-RECENT_READS = 256  # read durations kept for the typical and slowest recent read (25 s at 10 Hz)
+# Next to a busy training loop one sample costs about 0.4 ms of CPU (cold caches and a GIL hand-off,
+# not the reads themselves: BENCHMARKS.md), so the sampler runs only as fast as its users need. 2 Hz
+# is one sample per pixel of the panel's default 10-minute window; a view that needs more asks for it
+# (``Monitor.acquire(user, rate_hz=...)``). Exact per-cell peaks come from the allocator's counters.
+DEFAULT_RATE_HZ = 2.0
+MAX_RATE_HZ = 10.0  # the fastest a view asks for (a 1-minute window); scripts may choose any rate
+RECENT_READS = 256  # read durations kept for the typical and slowest recent read (about 2 min at 2 Hz)
 
 Listener = Callable[[Snapshot], None]
 
@@ -93,6 +96,7 @@ class Sampler:
         self._period_s = 1.0 / rate_hz
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set to end the current wait early: stopping, or a faster rate
         self._thread: threading.Thread | None = None
         self._listeners: list[Listener] = []
         self._samples = 0
@@ -109,8 +113,12 @@ class Sampler:
 
     @rate_hz.setter
     def rate_hz(self, value: float) -> None:
+        """A faster rate takes effect at once (the thread wakes), a slower one after the next sample."""
         _check_rate(value)
+        faster = 1.0 / value < self._period_s
         self._period_s = 1.0 / value
+        if faster:
+            self._wake.set()
 
     @property
     def running(self) -> bool:
@@ -137,6 +145,7 @@ class Sampler:
         with self._lock:
             thread, self._thread = self._thread, None
             self._stop.set()
+            self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
@@ -184,6 +193,7 @@ class Sampler:
 
     def _run(self, stop: threading.Event) -> None:
         next_tick = time.monotonic()
+        self._wake.clear()
         while not stop.is_set():
             try:
                 self._last_error = None
@@ -196,10 +206,13 @@ class Sampler:
                 missed = int((now - next_tick) / self._period_s) + 1
                 self._skipped += missed
                 next_tick += missed * self._period_s
-            stop.wait(next_tick - now)
+            if self._wake.wait(next_tick - now):
+                self._wake.clear()  # a faster rate: sample now and keep the new schedule from here
+                next_tick = time.monotonic()
 
     def _forget_thread_after_fork(self) -> None:
         """In a forked child the thread does not exist: drop it and the (possibly held) locks."""
         self._lock = threading.Lock()
         self._thread = None
         self._stop = threading.Event()
+        self._wake = threading.Event()

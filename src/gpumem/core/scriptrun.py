@@ -106,7 +106,7 @@ def run_script(
         (stream or sys.stderr).write(f"gpumem run: no such script: {script}\n")
         return 2
     monitor = default_monitor()
-    monitor.sampler.rate_hz = rate_hz
+    monitor.rate_hz = rate_hz
     monitor.thresholds.warn_at(DEFAULT_WARN_FRACTION)
     session = monitor.recorder.clock.stream("session")
     session.point("start")

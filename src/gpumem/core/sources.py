@@ -295,7 +295,7 @@ class SystemSource:
         allocator = tuple(self.torch.read(device) for device in torch_devices)
         device_readings: list[DeviceReading] = []
         for device in self.nvml.devices():
-            reading = self.nvml.read(device, process_memory=process_memory)
+            reading = self.nvml.read(device, process_memory=process_memory, hold_gil=bool(torch_devices))
             if reading is not None:
                 device_readings.append(reading)
         return Snapshot(

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpumem.core.sampler import MAX_RATE_HZ as MAX_SAMPLE_RATE_HZ
 from gpumem.core.timeline import Timeline
 from gpumem.core.units import GIB, MIB, format_bytes
 from gpumem.panel.options import MAX_POINTS_PER_LINE, MIN_POINTS_PER_LINE, PanelOptions
@@ -29,6 +30,7 @@ __all__ = [
     "label_spaced_marks",
     "nice_axis",
     "render_legend",
+    "sample_rate_hz",
     "with_span_mark",
 ]
 
@@ -251,6 +253,13 @@ def _x_min(window_s: float | None, times: np.ndarray, now_s: float) -> float:
 def _mark_label(label: str) -> str:
     text = label.strip()
     return f"[{text}]" if text.isdigit() else text[:24]
+
+
+def sample_rate_hz(options: PanelOptions) -> float:
+    """How often the panel needs a sample: one per pixel of its window, and one per header push, up to
+    the sampler's fastest view rate (a 1-minute window asks for that; the default 10 minutes, for 2 Hz)."""
+    per_pixel = NOMINAL_PLOT_WIDTH_PX / options.window_s if options.window_s is not None else 0.0
+    return min(MAX_SAMPLE_RATE_HZ, max(options.rate_hz, per_pixel))
 
 
 def curve_interval_s(options: PanelOptions, payload_bytes: int) -> float:

@@ -191,10 +191,11 @@ def device_indices(snapshot: Snapshot) -> tuple[int, ...]:
 class SamplerClaim:
     """One user's claim on the monitor's sampler, taken and given back at most once each."""
 
-    def __init__(self, monitor: Monitor, user: Hashable, enabled: bool = True) -> None:
+    def __init__(self, monitor: Monitor, user: Hashable, enabled: bool = True, rate_hz: float | None = None) -> None:
         self._monitor = monitor
         self._user = user
         self._enabled = enabled
+        self._rate_hz = rate_hz  # how often the claimant needs a sample (None: the monitor's own rate)
         self._lock = threading.Lock()
         self._held = False
 
@@ -207,7 +208,15 @@ class SamplerClaim:
             if not self._enabled or self._held:
                 return
             self._held = True
-        self._monitor.acquire(self._user)
+        self._monitor.acquire(self._user, self._rate_hz)
+
+    def ask_rate(self, rate_hz: float | None) -> None:
+        """Change the rate asked for; a claim held now asks the monitor at once."""
+        with self._lock:
+            self._rate_hz = rate_hz
+            held = self._held
+        if held:
+            self._monitor.acquire(self._user, rate_hz)
 
     def give_back(self) -> None:
         with self._lock:

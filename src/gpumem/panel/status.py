@@ -26,7 +26,7 @@ from gpumem.panel.readings import Readings, capacities_of, describe_device
 __all__ = ["FRESH_S", "StatusPayload", "StatusReader", "status_payload"]
 
 StatusPayload = dict[str, Any]
-# A sample younger than this answers a request; the sampler takes one every 0.1 s by default.
+# A sample younger than this answers a request; the sampler takes one every 0.5 s by default.
 FRESH_S = 2.5
 
 

@@ -38,7 +38,14 @@ from gpumem.panel.commands import (
     TogglePause,
     ViewsChanged,
 )
-from gpumem.panel.curves import CurveFrame, build_curve_frame, curve_interval_s, label_spaced_marks, with_span_mark
+from gpumem.panel.curves import (
+    CurveFrame,
+    build_curve_frame,
+    curve_interval_s,
+    label_spaced_marks,
+    sample_rate_hz,
+    with_span_mark,
+)
 from gpumem.panel.freeing import FreeOutcome, FreeWorker, free_message, run_free
 from gpumem.panel.header import build_header, render_header
 from gpumem.panel.options import (
@@ -120,7 +127,9 @@ class Panel(PanelView):
         self._refreshed: list[threading.Event] = []
         self._readings = Readings(self._monitor)
         self._peaks = PeaksSinceOpen()
-        self._claim = SamplerClaim(self._monitor, ("panel", id(self)), enabled=autostart)
+        self._claim = SamplerClaim(
+            self._monitor, ("panel", id(self)), enabled=autostart, rate_hz=sample_rate_hz(options)
+        )
         self._views = ViewCount()
         self._schedule = PushSchedule()
         self._paused = False
@@ -320,6 +329,7 @@ class Panel(PanelView):
         self._options = self._options._replace(
             window_s=values.window_s, device=values.device, show_host=values.show_host, full_scale=values.full_scale
         )
+        self._claim.ask_rate(sample_rate_hz(self._options))
         self._schedule.invalidate()
 
     def _on_views_changed(self, _command: ViewsChanged) -> None:

@@ -47,6 +47,7 @@ from gpumem.core.cells.warnings import (
 from gpumem.core.fragmentation import ReserveReader
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
+from gpumem.core.sampler import MAX_RATE_HZ
 from gpumem.core.sources import Snapshot
 from gpumem.core.units import MIB
 
@@ -167,9 +168,12 @@ class CellTracker:
             self._listening = False
         self.release_sampler()
         with self._lock:
-            for cell in self._active:
+            cells = list(self._active)
+            for cell in cells:
                 cell.finished = True
             self._active.clear()
+        for cell in cells:
+            self.monitor.release(_claim_of(cell))
         self._resets.release()
 
     def release_sampler(self) -> None:
@@ -219,6 +223,10 @@ class CellTracker:
         memory = self.monitor.source
         start = self.monitor.snapshot()
         self._ensure_sampling()
+        if options.mode != "auto" and self.start_sampler and not self._closed:
+            # A cell measured on purpose is sampled as finely as the panel's finest view: a staircase in a
+            # cell of a few seconds needs more than the idle rate's samples.
+            self.monitor.acquire(_claim_of(cell), MAX_RATE_HZ)
         reset: list[int] = []
         if not options.keep_peaks:
             reset = reset_raised_peaks(
@@ -307,6 +315,7 @@ class CellTracker:
             if cell in self._active:
                 self._active.remove(cell)
         cell.take_sample(end)
+        self.monitor.release(_claim_of(cell))
         return end
 
     def standing_conditions(
@@ -417,6 +426,11 @@ class CellTracker:
     def _active_cells(self) -> list[ActiveCell]:
         with self._lock:
             return [cell for cell in self._active if not cell.finished]
+
+
+def _claim_of(cell: ActiveCell) -> tuple[str, int]:
+    """The name a measured cell's claim on the sampler goes by."""
+    return ("cell", id(cell))
 
 
 def _delivered(listener: Callable[[CellRecord], None], record: CellRecord) -> bool:
