@@ -8,21 +8,18 @@ minimum and maximum, so every peak ever sampled is there), and as its whole stor
 exactly. A cell is :func:`record_to_dict`'s object plus
 ``quiet``; loading rebuilds the same :class:`CellRecord`, so a round trip is exact (NaN, "not
 measured", is written as null). The JSON file is written atomically; with pyarrow installed
-(``pip install jupyter-gpumem[parquet]``) the session can also be written as a set of Parquet files,
-which :func:`read_session` reads back as exactly (the flat cell rows are for pandas; the cells, marks
-and reports themselves ride in the cells file's metadata, as in the JSON).
+(``pip install jupyter-gpumem[parquet]``) the same document can also be written as a set of Parquet
+files (:mod:`gpumem.core.session_parquet`), which :func:`read_session` reads back as exactly.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
 import re
 import sys
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +35,13 @@ from gpumem.core.cells.record import (
     VariableChange,
 )
 from gpumem.core.files import replace_file
+from gpumem.core.session_parquet import (
+    ParquetExportError,
+    parquet_stem,
+    read_document,
+    read_store_document,
+    write_document,
+)
 from gpumem.core.timeline import Mark, Series, Timeline
 
 __all__ = [
@@ -49,7 +53,6 @@ __all__ = [
     "SessionFormatError",
     "capture_session",
     "is_session_export",
-    "read_parquet_session",
     "read_parquet_store",
     "read_session",
     "record_from_dict",
@@ -121,18 +124,6 @@ def _number(value: float) -> float | None:
 
 
 def session_to_json(data: SessionData) -> dict[str, Any]:
-    return {
-        **_session_head(data),
-        "timeline": {
-            "times": list(data.timeline.times),
-            "values": {name: [_number(v) for v in values] for name, values in data.timeline.values.items()},
-        },
-        "store": None if data.store is None else _store_to_json(data.store),
-    }
-
-
-def _session_head(data: SessionData) -> dict[str, Any]:
-    """Everything but the timeline: the marker first (it names the file), marks, cells, reports."""
     cells = []
     for record in data.cells:
         cell = record_to_dict(record)
@@ -142,9 +133,14 @@ def _session_head(data: SessionData) -> dict[str, Any]:
         JSON_MARKER: JSON_VERSION,
         "exported_wall_s": data.exported_wall_s,
         "wall_offset_s": data.wall_offset_s,
+        "timeline": {
+            "times": list(data.timeline.times),
+            "values": {name: [_number(v) for v in values] for name, values in data.timeline.values.items()},
+        },
         "marks": [[mark.time_s, mark.label] for mark in data.marks],
         "cells": cells,
         "reports": [report._asdict() for report in data.reports],
+        "store": None if data.store is None else _store_to_json(data.store),
     }
 
 
@@ -221,92 +217,20 @@ def is_session_export(start: bytes) -> bool:
 
 
 def write_parquet(data: SessionData, stem: Path) -> list[Path]:
-    """``STEM.samples.parquet`` (one row per time, one column per channel), ``STEM.cells.parquet`` (the
-    history's flat rows) and one ``STEM.levelN.parquet`` per level of the store; ImportError without pyarrow.
-    Each is written aside and renamed; one random export id in each file's metadata lets the reader refuse
-    a set whose files come from different exports (one written, then a failure before the next)."""
-    pa = importlib.import_module("pyarrow")  # optional: imported only when asked for
-    pq = importlib.import_module("pyarrow.parquet")
-
-    export = uuid.uuid4().hex
-    samples = pa.table({"time_s": data.timeline.times, **data.timeline.values})
-    rows = history_rows(data.cells)
-    cells = pa.Table.from_pylist(rows) if rows else pa.table({"cell": pa.array([], pa.int64())})
-    levels = None if data.store is None else len(data.store["levels"])
-    head = {**_session_head(data), "export": export, "levels": levels}
-    tables = [
-        (".samples.parquet", samples.replace_schema_metadata({JSON_MARKER: json.dumps({"export": export})})),
-        (".cells.parquet", cells.replace_schema_metadata({JSON_MARKER: json.dumps(head, allow_nan=False)})),
-    ]
-    if data.store is not None:
-        level_tables = _level_tables(pa, data.store, export)
-        tables += [(f".level{index}.parquet", table) for index, table in enumerate(level_tables)]
-    written = []
-    for suffix, table in tables:
-        target = stem.with_name(stem.name + suffix)
-        aside = target.with_name(f".{target.name}.tmp")
-        try:
-            pq.write_table(table, aside)
-            aside.replace(target)
-        except BaseException:
-            aside.unlink(missing_ok=True)
-            raise
-        written.append(target)
-    return written
-
-
-def _level_tables(pa: Any, store: Mapping[str, Any], export: str) -> list[Any]:
-    """One table per level: its keys and, per channel, one column per value of a row (``NAME@0``,
-    ``NAME@1``); the rest of the store (spans, open buckets, marks) as JSON in the schema's metadata."""
-    tables = []
-    for index, level in enumerate(store["levels"]):
-        rows = len(level["keys"])
-        width = len(next(iter(level["columns"].values()), [])) // rows if rows else 1
-        columns: dict[str, Any] = {"key": pa.array(level["keys"], pa.float64())}
-        for name, values in level["columns"].items():
-            for part in range(width):
-                columns[f"{name}@{part}"] = pa.array(values[part::width], pa.float64())
-        rest = {key: value for key, value in level.items() if key not in {"keys", "columns"}}
-        meta = {**{k: v for k, v in store.items() if k != "levels"}, "level": index, "width": width, **rest}
-        meta["of"] = len(store["levels"])  # how many to read back: an earlier export may have left more
-        meta["export"] = export
-        text = json.dumps(_store_to_json({"levels": [{**meta, "columns": {}}]})["levels"][0], allow_nan=False)
-        tables.append(pa.table(columns).replace_schema_metadata({_PARQUET_META: text}))
-    return tables
-
-
-_PARQUET_META = "gpumem_store"
+    """``STEM.samples.parquet``, ``STEM.cells.parquet`` (the history's flat rows, and the cells themselves
+    in its metadata) and ``STEM.levelN.parquet`` per level (:mod:`gpumem.core.session_parquet`); ImportError
+    without pyarrow."""
+    return write_document(session_to_json(data), history_rows(data.cells), stem)
 
 
 def read_parquet_store(stem: Path, export: str | None = None) -> dict[str, Any]:
     """The timeline store from ``STEM.levelN.parquet`` (as :meth:`Timeline.store_state` gave it); ImportError
-    without pyarrow, OSError when a file is missing, :class:`SessionFormatError` when it is not one (or,
-    given ``export``, when a level file is of another export)."""
-    pq = importlib.import_module("pyarrow.parquet")
-    levels: list[dict[str, Any]] = []
-    store: dict[str, Any] = {}
-    count = 1
-    while len(levels) < count:
-        path = stem.with_name(f"{stem.name}.level{len(levels)}.parquet")
-        table = pq.read_table(path)
-        meta = json.loads((table.schema.metadata or {}).get(_PARQUET_META.encode(), b"null"))
-        if not isinstance(meta, dict):
-            raise SessionFormatError(f"{path.name}: not a gpumem level (no {_PARQUET_META} metadata)")
-        if export is not None and meta.get("export") != export:
-            raise SessionFormatError(f"{path.name} is of another export than {stem.name}.cells.parquet")
-        meta.pop("export", None)
-        width, data = int(meta.pop("width")), table.to_pydict()
-        parts = {name.rpartition("@")[0] for name in data if name != "key"}
-        columns = {
-            name: [data[f"{name}@{i % width}"][i // width] for i in range(width * table.num_rows)] for name in parts
-        }
-        store = {key: meta.pop(key) for key in ("channels", "last_time_s", "max_marks", "marks")}
-        meta.pop("level")
-        of = meta.pop("of", None)
-        levels.append({**meta, "keys": data["key"], "columns": columns})
-        following = stem.with_name(f"{stem.name}.level{len(levels)}.parquet").exists()
-        count = int(of) if of is not None else len(levels) + following  # without "of": every file there
-    found = _store_from_json({**store, "levels": levels})
+    without pyarrow, OSError when a file is missing, :class:`SessionFormatError` when it is not one (or not of
+    ``export``)."""
+    try:
+        found = _store_from_json(read_store_document(stem, export))
+    except ParquetExportError as error:
+        raise SessionFormatError(str(error)) from None
     assert found is not None
     return found
 
@@ -321,92 +245,21 @@ def read_session(path: str | os.PathLike[str]) -> SessionData:
     OSError when it cannot be read; :class:`SessionFormatError` when it is not such a file
     (:class:`ParquetUnavailableError` when it is Parquet and pyarrow is not installed).
     """
-    stem = _parquet_stem(Path(path))
-    if stem is not None:
-        return read_parquet_session(stem)
+    try:
+        stem = parquet_stem(Path(path))
+        document = None if stem is None else read_document(stem)
+    except ImportError:
+        raise ParquetUnavailableError(f"a Parquet export; install pyarrow to read it ({PARQUET_INSTALL})") from None
+    except ParquetExportError as error:
+        raise SessionFormatError(str(error)) from None
+    if document is not None:
+        return _session_from_document(document)
     text = Path(path).read_text(encoding="utf-8")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise SessionFormatError(f"not JSON (line {error.lineno}: {error.msg})") from None
     return _session_from_document(document)
-
-
-_PARQUET_MAGIC = b"PAR1"
-_PARQUET_MEMBER = re.compile(r"(?P<stem>.+)\.(?:samples|cells|level[0-9]+)\.parquet")
-
-
-def _parquet_stem(path: Path) -> Path | None:
-    """The stem of the Parquet export PATH belongs to (its first bytes say Parquet), or that PATH names
-    (no such file, but ``PATH.samples.parquet`` is there); None: read PATH as JSON."""
-    if not path.exists():
-        stems = (path, path.with_suffix("")) if path.suffix == ".parquet" else (path,)
-        return next((stem for stem in stems if _member(stem, "samples").is_file()), None)
-    if not path.is_file():
-        return None  # reading it says why
-    with path.open("rb") as handle:
-        if handle.read(len(_PARQUET_MAGIC)) != _PARQUET_MAGIC:
-            return None
-    match = _PARQUET_MEMBER.fullmatch(path.name)
-    if match is None:
-        raise SessionFormatError(
-            "a Parquet file, but not one of a gpumem export's (STEM.samples.parquet, STEM.cells.parquet, "
-            "STEM.levelN.parquet)"
-        )
-    return path.with_name(match["stem"])
-
-
-def _member(stem: Path, part: str) -> Path:
-    return stem.with_name(f"{stem.name}.{part}.parquet")
-
-
-def read_parquet_session(stem: Path) -> SessionData:
-    """The session :func:`write_parquet` wrote to ``STEM.*.parquet``, as exactly as the JSON file; checked
-    as the JSON is, and every failure (a missing, truncated or hand-edited file) a :class:`SessionFormatError`."""
-    try:
-        pa = importlib.import_module("pyarrow")
-        pq = importlib.import_module("pyarrow.parquet")
-    except ImportError:
-        raise ParquetUnavailableError(f"a Parquet export; install pyarrow to read it ({PARQUET_INSTALL})") from None
-    try:
-        return _parquet_session(pq, stem)
-    except FileNotFoundError as error:
-        missing = Path(error.filename or str(error)).name
-        raise SessionFormatError(f"{missing} is missing (a Parquet export is read as a set)") from None
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, pa.ArrowException) as error:
-        if isinstance(error, SessionFormatError):
-            raise
-        raise SessionFormatError(f"{type(error).__name__}: {error}") from None
-
-
-def _parquet_session(pq: Any, stem: Path) -> SessionData:
-    samples = pq.read_table(_member(stem, "samples"))
-    head = _parquet_metadata(pq.read_table(_member(stem, "cells")), f"{stem.name}.cells.parquet")
-    if "export" not in head:
-        raise SessionFormatError(
-            f"{stem.name}.cells.parquet is of an older export (flat cell rows only); load the JSON file written with it"
-        )
-    if _parquet_metadata(samples, f"{stem.name}.samples.parquet").get("export") != head["export"]:
-        raise SessionFormatError(f"{stem.name}.samples.parquet is of another export than {stem.name}.cells.parquet")
-    columns = samples.to_pydict()
-    times = columns.pop("time_s")
-    values = {name: [_not_nan(value) for value in column] for name, column in columns.items()}
-    data = _session_from_document({**head, "timeline": {"times": times, "values": values}, "store": None})
-    if head.get("levels") is not None:
-        data.store = read_parquet_store(stem, export=head["export"])
-    return data
-
-
-def _parquet_metadata(table: Any, name: str) -> dict[str, Any]:
-    meta = json.loads((table.schema.metadata or {}).get(JSON_MARKER.encode(), b"null"))
-    if not isinstance(meta, dict):
-        raise SessionFormatError(f"{name}: not a gpumem export's (no {JSON_MARKER} metadata)")
-    return meta
-
-
-def _not_nan(value: Any) -> Any:
-    """Parquet keeps NaN (not measured) as NaN; the checks read it as the JSON's null."""
-    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _session_from_document(document: Any) -> SessionData:
