@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from gpumem.core.cells.history import write_json
 from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
 from gpumem.core.files import ForeignFileError
 from gpumem.core.session_io import (
+    ParquetUnavailableError,
     SavedReport,
     SessionData,
     SessionFormatError,
@@ -278,3 +281,120 @@ def test_parquet_levels_of_an_earlier_export_are_not_read_back(tmp_path: Path) -
     write_parquet(capture_session(timeline, []), tmp_path / "run")
     assert (tmp_path / "run.level3.parquet").exists()  # the older export's, not this one's
     _assert_same_store(Timeline.from_state(read_parquet_store(tmp_path / "run")), timeline)
+
+
+def _parquet_export(tmp_path: Path) -> tuple[SessionData, Timeline]:
+    timeline = _timeline()
+    cells = [_record(1), _record(2, quiet=True), _record(3)]
+    reports = [SavedReport("trace", 3, "gpumem trace of cell [3]\n  <b>x</b> é"), SavedReport("profile", None, "")]
+    data = capture_session(timeline, cells, reports)
+    write_parquet(data, tmp_path / "run")
+    return data, timeline
+
+
+@pytest.mark.parametrize(
+    "name", ["run.samples.parquet", "run.cells.parquet", "run.level2.parquet", "run", "run.parquet"]
+)
+def test_a_parquet_export_reads_back_as_exactly_as_the_json(tmp_path: Path, name: str) -> None:
+    """Any file of the set (told by its first bytes), or the set's stem, reads the whole session back."""
+    pytest.importorskip("pyarrow.parquet")
+    data, timeline = _parquet_export(tmp_path)
+    loaded = read_session(tmp_path / name)
+    whole = timeline.window(max_points=10**9)
+    assert loaded.timeline.times == whole.times
+    assert loaded.timeline.values.keys() == whole.values.keys() == {"cuda:0/allocated", "host/rss", "cuda:0/used"}
+    for channel, values in whole.values.items():
+        assert _same_series(loaded.timeline.values[channel], values), channel
+    assert loaded.marks == timeline.marks()
+    assert loaded.cells == data.cells
+    assert loaded.cells[1].quiet
+    assert loaded.reports == data.reports
+    assert (loaded.wall_offset_s, loaded.exported_wall_s) == (data.wall_offset_s, data.exported_wall_s)
+    restored = loaded.restore_timeline()
+    assert restored is not None
+    _assert_same_store(restored, timeline)
+    assert repr(LoadedSession(loaded, "x")) == repr(LoadedSession(data, "x"))
+
+
+def _rewrite(path: Path, edit: Any, key: bytes = b"gpumem_session") -> None:
+    """The Parquet file with its gpumem metadata passed through ``edit`` (a hand-edited file)."""
+    parquet = pytest.importorskip("pyarrow.parquet")
+    table = parquet.read_table(path)
+    meta = json.loads(table.schema.metadata[key])
+    parquet.write_table(table.replace_schema_metadata({key: json.dumps(edit(meta))}), path)
+
+
+def _refused(path: Path) -> str:
+    with pytest.raises(SessionFormatError) as error:
+        read_session(path)
+    return str(error.value)
+
+
+def test_a_damaged_parquet_export_is_refused_saying_why(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow.parquet")
+    _parquet_export(tmp_path)
+    samples, cells = tmp_path / "run.samples.parquet", tmp_path / "run.cells.parquet"
+    good = cells.read_bytes()
+    _rewrite(cells, lambda meta: {**meta, "cells": [{"serial": 1}]})
+    assert _refused(samples) == "cell 1: KeyError: 'devices'"
+    _rewrite(cells, lambda meta: {**meta, "gpumem_session": 2})
+    assert _refused(samples) == "a gpumem export of version 2; this gpumem reads version 1"
+    _rewrite(cells, lambda meta: {**meta, "export": "another"})
+    assert _refused(samples) == "run.samples.parquet is of another export than run.cells.parquet"
+    _rewrite(cells, lambda meta: {k: v for k, v in meta.items() if k != "export"})
+    assert _refused(cells) == (
+        "run.cells.parquet is of an older export (flat cell rows only); load the JSON file written with it"
+    )
+    cells.write_bytes(good[: len(good) // 2])  # truncated
+    assert _refused(samples).startswith("ArrowInvalid: ")
+    cells.unlink()
+    assert _refused(samples) == "run.cells.parquet is missing (a Parquet export is read as a set)"
+
+
+def test_a_damaged_parquet_level_is_refused_saying_why(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow.parquet")
+    _parquet_export(tmp_path)
+    level, samples = tmp_path / "run.level1.parquet", tmp_path / "run.samples.parquet"
+    _rewrite(level, lambda meta: {**meta, "capacity": 10**12}, b"gpumem_store")
+    assert (
+        _refused(samples) == "timeline store: ValueError: level 1: a capacity of 1000000000000 rows (1 to 10,000,000)"
+    )
+    _rewrite(level, lambda meta: {**meta, "export": "another"}, b"gpumem_store")  # left by another export
+    assert _refused(samples) == "run.level1.parquet is of another export than run.cells.parquet"
+    level.unlink()
+    assert _refused(samples) == "run.level1.parquet is missing (a Parquet export is read as a set)"
+
+
+def test_a_hand_made_parquet_file_is_refused_saying_why(tmp_path: Path) -> None:
+    parquet = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    _parquet_export(tmp_path)
+    samples = tmp_path / "run.samples.parquet"
+    table = parquet.read_table(samples)
+    parquet.write_table(table.set_column(0, "time_s", pa.array([math.inf] * table.num_rows)), samples)
+    assert _refused(samples) == "timeline times: inf is not a finite number"
+    parquet.write_table(table.drop_columns(["time_s"]), samples)
+    assert _refused(samples) == "KeyError: 'time_s'"
+    parquet.write_table(pa.table({"a": [1]}), tmp_path / "notes.parquet")
+    assert _refused(tmp_path / "notes.parquet") == (
+        "a Parquet file, but not one of a gpumem export's (STEM.samples.parquet, STEM.cells.parquet, "
+        "STEM.levelN.parquet)"
+    )
+    parquet.write_table(pa.table({"a": [1]}), samples)
+    assert _refused(samples) == "run.samples.parquet: not a gpumem export's (no gpumem_session metadata)"
+    (tmp_path / "json.samples.parquet").write_text('{"other": 1}')  # the name says Parquet, the content JSON
+    assert _refused(tmp_path / "json.samples.parquet") == "not a gpumem export (no 'gpumem_session' key)"
+
+
+def test_without_pyarrow_a_parquet_export_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Told by its first bytes, before pyarrow is asked for; runs whether pyarrow is installed or not."""
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    target = tmp_path / "run.samples.parquet"
+    target.write_bytes(b"PAR1" + bytes(64) + b"PAR1")
+    for path in (target, tmp_path / "run"):
+        with pytest.raises(ParquetUnavailableError) as error:
+            read_session(path)
+        assert (
+            str(error.value) == "a Parquet export; install pyarrow to read it (pip install 'jupyter-gpumem[parquet]')"
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,72 @@ def test_a_hand_edited_export_is_refused_in_one_line(shell: Any, tmp_path: Path)
         assert edited != text, name
         (tmp_path / name).write_text(edited)
         _one_line_error(shell, f"%gpumem load {tmp_path / name}", f"{tmp_path / name}: ")
+
+
+def _exactly(data: Any) -> str:
+    """A loaded session as one string, every float by its repr (NaN included): equal strings, equal sessions."""
+    return json.dumps(
+        [data.timeline, data.marks, [cell._asdict() for cell in data.cells], data.reports, data.store],
+        default=repr,
+        sort_keys=True,
+    )
+
+
+def test_a_parquet_export_loads_as_the_json_one_does(shell: Any, tmp_path: Path) -> None:
+    """The files the real --parquet export wrote, read back by the magic: the same panel and history as
+    the JSON file it wrote beside them, whichever file of the set (or its stem) is named."""
+    pytest.importorskip("pyarrow")
+    assert run_cell_capture(shell, "%%gpumem\nh = src.allocate(64 * MIB)")[0].success
+    assert run_cell_capture(shell, "%%gpumem -q\ng = src.allocate(32 * MIB)")[0].success
+    target = tmp_path / "run.json"
+    result, cap = run_cell_capture(shell, f"%gpumem export {target} --parquet")
+    assert result.success, cap.stderr
+    from_json = read_session(target)
+    assert from_json.cells == list(_state().tracker.history)
+    assert from_json.store is not None
+    assert from_json.marks
+    result, cap = run_cell_capture(shell, f"%gpumem load {target}")
+    assert result.success, cap.stderr
+    (shown,) = cap.outputs
+    for name in ("run.samples.parquet", "run.cells.parquet", "run.level2.parquet", "run"):
+        path = tmp_path / name
+        assert _exactly(read_session(path)) == _exactly(from_json), name
+        result, cap = run_cell_capture(shell, f"%gpumem load {path}")
+        assert result.success, cap.stderr
+        (output,) = cap.outputs
+        for kind in ("text/plain", "text/html"):
+            assert output.data[kind] == shown.data[kind].replace(str(target), str(path)), (name, kind)
+        assert output.data["text/plain"].startswith(f"gpumem session from {path}, exported ")
+        assert "store restored, every level: " in output.data["text/plain"]
+    assert len(_state().tracker.history) == 2  # loading changed nothing here
+
+
+def test_a_damaged_parquet_export_is_refused_in_one_line(shell: Any, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    assert run_cell_capture(shell, "%%gpumem\nh = src.allocate(64 * MIB)")[0].success
+    assert run_cell_capture(shell, f"%gpumem export {tmp_path / 'run.json'} --parquet")[0].success
+    samples, cells = tmp_path / "run.samples.parquet", tmp_path / "run.cells.parquet"
+    cells.write_bytes(cells.read_bytes()[:100])  # truncated
+    _one_line_error(shell, f"%gpumem load {samples}", f"{samples}: ArrowInvalid: ")
+    cells.unlink()
+    _one_line_error(
+        shell, f"%gpumem load {samples}", "run.cells.parquet is missing (a Parquet export is read as a set)"
+    )
+    (tmp_path / "notes.parquet").write_bytes(samples.read_bytes())
+    _one_line_error(shell, f"%gpumem load {tmp_path / 'notes.parquet'}", "a Parquet file, but not one of a gpumem")
+
+
+def test_without_pyarrow_loading_parquet_says_what_to_install(
+    shell: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs whether pyarrow is installed or not: the file is told Parquet by its first bytes."""
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    target = tmp_path / "run.samples.parquet"
+    target.write_bytes(b"PAR1" + bytes(64) + b"PAR1")
+    _one_line_error(
+        shell,
+        f"%gpumem load {target}",
+        f"{target}: a Parquet export; install pyarrow to read it (pip install 'jupyter-gpumem[parquet]')",
+    )
+    _one_line_error(shell, f"%gpumem export {tmp_path / 'run.json'} --parquet", "--parquet needs pyarrow")

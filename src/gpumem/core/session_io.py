@@ -8,12 +8,12 @@ minimum and maximum, so every peak ever sampled is there), and as its whole stor
 exactly. A cell is :func:`record_to_dict`'s object plus
 ``quiet``; loading rebuilds the same :class:`CellRecord`, so a round trip is exact (NaN, "not
 measured", is written as null). The JSON file is written atomically; with pyarrow installed
-(``pip install jupyter-gpumem[parquet]``) the samples and cells can also be written as Parquet files.
+(``pip install jupyter-gpumem[parquet]``) the same document can also be written as a set of Parquet
+files (:mod:`gpumem.core.session_parquet`), which :func:`read_session` reads back as exactly.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -35,10 +35,19 @@ from gpumem.core.cells.record import (
     VariableChange,
 )
 from gpumem.core.files import replace_file
+from gpumem.core.session_parquet import (
+    ParquetExportError,
+    parquet_stem,
+    read_document,
+    read_store_document,
+    write_document,
+)
 from gpumem.core.timeline import Mark, Series, Timeline
 
 __all__ = [
     "JSON_MARKER",
+    "PARQUET_INSTALL",
+    "ParquetUnavailableError",
     "SavedReport",
     "SessionData",
     "SessionFormatError",
@@ -67,6 +76,13 @@ class SavedReport(NamedTuple):
 
 class SessionFormatError(ValueError):
     """The file is not a gpumem session (or history) export, or is damaged; the message says where."""
+
+
+PARQUET_INSTALL = "pip install 'jupyter-gpumem[parquet]'"
+
+
+class ParquetUnavailableError(SessionFormatError):
+    """A Parquet export, and pyarrow (the ``parquet`` extra) is not installed to read it."""
 
 
 @dataclass
@@ -201,78 +217,20 @@ def is_session_export(start: bytes) -> bool:
 
 
 def write_parquet(data: SessionData, stem: Path) -> list[Path]:
-    """``STEM.samples.parquet`` (one row per time, one column per channel) and ``STEM.cells.parquet``
-    (the history's flat rows); ImportError without pyarrow. Each is written aside and renamed."""
-    pa = importlib.import_module("pyarrow")  # optional: imported only when asked for
-    pq = importlib.import_module("pyarrow.parquet")
-
-    samples = pa.table({"time_s": data.timeline.times, **data.timeline.values})
-    rows = history_rows(data.cells)
-    cells = pa.Table.from_pylist(rows) if rows else pa.table({"cell": pa.array([], pa.int64())})
-    tables = [(".samples.parquet", samples), (".cells.parquet", cells)]
-    if data.store is not None:
-        tables += [(f".level{index}.parquet", table) for index, table in enumerate(_level_tables(pa, data.store))]
-    written = []
-    for suffix, table in tables:
-        target = stem.with_name(stem.name + suffix)
-        aside = target.with_name(f".{target.name}.tmp")
-        try:
-            pq.write_table(table, aside)
-            aside.replace(target)
-        except BaseException:
-            aside.unlink(missing_ok=True)
-            raise
-        written.append(target)
-    return written
+    """``STEM.samples.parquet``, ``STEM.cells.parquet`` (the history's flat rows, and the cells themselves
+    in its metadata) and ``STEM.levelN.parquet`` per level (:mod:`gpumem.core.session_parquet`); ImportError
+    without pyarrow."""
+    return write_document(session_to_json(data), history_rows(data.cells), stem)
 
 
-def _level_tables(pa: Any, store: Mapping[str, Any]) -> list[Any]:
-    """One table per level: its keys and, per channel, one column per value of a row (``NAME@0``,
-    ``NAME@1``); the rest of the store (spans, open buckets, marks) as JSON in the schema's metadata."""
-    tables = []
-    for index, level in enumerate(store["levels"]):
-        rows = len(level["keys"])
-        width = len(next(iter(level["columns"].values()), [])) // rows if rows else 1
-        columns: dict[str, Any] = {"key": pa.array(level["keys"], pa.float64())}
-        for name, values in level["columns"].items():
-            for part in range(width):
-                columns[f"{name}@{part}"] = pa.array(values[part::width], pa.float64())
-        rest = {key: value for key, value in level.items() if key not in {"keys", "columns"}}
-        meta = {**{k: v for k, v in store.items() if k != "levels"}, "level": index, "width": width, **rest}
-        meta["of"] = len(store["levels"])  # how many to read back: an earlier export may have left more
-        text = json.dumps(_store_to_json({"levels": [{**meta, "columns": {}}]})["levels"][0], allow_nan=False)
-        tables.append(pa.table(columns).replace_schema_metadata({_PARQUET_META: text}))
-    return tables
-
-
-_PARQUET_META = "gpumem_store"
-
-
-def read_parquet_store(stem: Path) -> dict[str, Any]:
+def read_parquet_store(stem: Path, export: str | None = None) -> dict[str, Any]:
     """The timeline store from ``STEM.levelN.parquet`` (as :meth:`Timeline.store_state` gave it); ImportError
-    without pyarrow, OSError when a file is missing, :class:`SessionFormatError` when it is not one."""
-    pq = importlib.import_module("pyarrow.parquet")
-    levels: list[dict[str, Any]] = []
-    store: dict[str, Any] = {}
-    count = 1
-    while len(levels) < count:
-        path = stem.with_name(f"{stem.name}.level{len(levels)}.parquet")
-        table = pq.read_table(path)
-        meta = json.loads((table.schema.metadata or {}).get(_PARQUET_META.encode(), b"null"))
-        if not isinstance(meta, dict):
-            raise SessionFormatError(f"{path.name}: not a gpumem level (no {_PARQUET_META} metadata)")
-        width, data = int(meta.pop("width")), table.to_pydict()
-        parts = {name.rpartition("@")[0] for name in data if name != "key"}
-        columns = {
-            name: [data[f"{name}@{i % width}"][i // width] for i in range(width * table.num_rows)] for name in parts
-        }
-        store = {key: meta.pop(key) for key in ("channels", "last_time_s", "max_marks", "marks")}
-        meta.pop("level")
-        of = meta.pop("of", None)
-        levels.append({**meta, "keys": data["key"], "columns": columns})
-        following = stem.with_name(f"{stem.name}.level{len(levels)}.parquet").exists()
-        count = int(of) if of is not None else len(levels) + following  # without "of": every file there
-    found = _store_from_json({**store, "levels": levels})
+    without pyarrow, OSError when a file is missing, :class:`SessionFormatError` when it is not one (or not of
+    ``export``)."""
+    try:
+        found = _store_from_json(read_store_document(stem, export))
+    except ParquetExportError as error:
+        raise SessionFormatError(str(error)) from None
     assert found is not None
     return found
 
@@ -281,15 +239,31 @@ def read_parquet_store(stem: Path) -> dict[str, Any]:
 
 
 def read_session(path: str | os.PathLike[str]) -> SessionData:
-    """An export read back (a session, or a ``%gpumem history --json`` file: cells only).
+    """An export read back: a session's JSON file, any file of its Parquet set (or the set's stem), or a
+    ``%gpumem history --json`` file (cells only). The format is told by the content, not the name.
 
-    OSError when it cannot be read; :class:`SessionFormatError` when it is not such a file.
+    OSError when it cannot be read; :class:`SessionFormatError` when it is not such a file
+    (:class:`ParquetUnavailableError` when it is Parquet and pyarrow is not installed).
     """
+    try:
+        stem = parquet_stem(Path(path))
+        document = None if stem is None else read_document(stem)
+    except ImportError:
+        raise ParquetUnavailableError(f"a Parquet export; install pyarrow to read it ({PARQUET_INSTALL})") from None
+    except ParquetExportError as error:
+        raise SessionFormatError(str(error)) from None
+    if document is not None:
+        return _session_from_document(document)
     text = Path(path).read_text(encoding="utf-8")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise SessionFormatError(f"not JSON (line {error.lineno}: {error.msg})") from None
+    return _session_from_document(document)
+
+
+def _session_from_document(document: Any) -> SessionData:
+    """A session (or history) export's object, checked field by field."""
     if not isinstance(document, dict):
         raise SessionFormatError("not a gpumem export (the file is not a JSON object)")
     if document.get(_HISTORY_MARKER) == 1:

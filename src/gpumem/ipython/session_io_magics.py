@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpumem.core.files import ForeignFileError
 from gpumem.core.session_io import (
+    PARQUET_INSTALL,
     SavedReport,
     SessionFormatError,
     capture_session,
@@ -81,7 +82,7 @@ def magic_summary(state: ExtensionState, line: str) -> None:
     "--parquet",
     action="store_true",
     help="also write PATH's stem .samples.parquet, .cells.parquet and one .levelN.parquet per timeline level "
-    "(needs pyarrow: pip install jupyter-gpumem[parquet])",
+    f"(needs pyarrow: {PARQUET_INSTALL}); %%gpumem load reads either",
 )
 @argument("--force", action="store_true", help="replace an existing file even if it is not a gpumem session export")
 def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport] = ()) -> None:
@@ -96,7 +97,7 @@ def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport
     assert target is not None
     data = capture_session(state.monitor.timeline, state.tracker.history, reports)
     if args.parquet and importlib.util.find_spec("pyarrow") is None:  # checked before anything is written
-        raise UsageError("--parquet needs pyarrow: pip install 'jupyter-gpumem[parquet]'")
+        raise UsageError(f"--parquet needs pyarrow: {PARQUET_INSTALL}")
     what = f"{len(data.timeline.times):,} points, {len(data.marks):,} marks, {len(data.cells):,} cells"
     what += f" and {len(data.reports):,} reports"
     _write(lambda: write_session(data, target, force=bool(args.force)), target, what)
@@ -110,10 +111,15 @@ def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport
 
 
 @magic_arguments("gpumem load")
-@argument("path", help="a file written by %%gpumem export (or by %%gpumem history --json: cells only)")
+@argument(
+    "path",
+    help="a file written by %%gpumem export: the JSON file, or any of its --parquet files (or their stem); "
+    "or one by %%gpumem history --json (cells only)",
+)
 def magic_load(state: ExtensionState, line: str) -> None:
     """Show an exported session, read-only: its memory curves (inline SVG) and its cell history.
-    Nothing of the running session changes. In Python: gpumem.core.session_io.read_session(PATH).
+    The format is told by the file's content: JSON, or Parquet (needs pyarrow). Nothing of the
+    running session changes. In Python: gpumem.core.session_io.read_session(PATH).
     """
     del state  # the loaded session is shown, not merged into this one
     args = parse_argstring(magic_load, line)
