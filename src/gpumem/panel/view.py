@@ -355,13 +355,13 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
                     self._curves.visible = True
         elif self._curves.visible:
             self._curves.visible = False
-        with self._capacity.hold_sync():
-            if frame.capacity:
+        if frame.capacity:
+            with self._capacity.hold_sync():
                 self._capacity.x = _dates(np.array([frame.x_min_ms, frame.x_max_ms]))
                 self._capacity.y = np.array([[c, c] for c in frame.capacity], dtype=np.float32)
                 self._capacity.visible = True
-            elif self._capacity.visible:
-                self._capacity.visible = False
+        elif self._capacity.visible:
+            self._capacity.visible = False
 
     def _show_marks(self, frame: CurveFrame) -> None:
         marks_key = (tuple(frame.mark_x_ms.tolist()), frame.mark_labels, frame.y_max)
