@@ -2,11 +2,14 @@
 
 The set-up is ``bench_threads.py``'s (fake allocator, CommRecorder serializing every message as the
 kernel would, a status comm a front end confirmed). Prints each thread's CPU per second of wall time
-(its own thread clock), the writer's services per second and CPU per service, the messages sent per
-second by the state keys they carry, and with ``--profile`` the writer's hottest functions (cProfile
-around ``Panel._service``, which inflates the absolute figures: read it for shares, not for cost).
+(its own thread clock), the writer's services per second and CPU per service (with and without a
+curve push), the messages sent per second by the state keys they carry, and with ``--profile`` the
+writer's hottest functions (cProfile around ``Panel._service``, which inflates the absolute figures:
+read it for shares, not for cost). ``--history 600`` records a full 10-minute window first, so every
+line carries as many points as it ever will. The main thread only sleeps: no GIL contention, unlike
+``bench_threads.py``, so the figures are each thread's own work.
 
-    python benchmarks/profile_writer.py [--seconds 20] [--profile]
+    python benchmarks/profile_writer.py [--seconds 20] [--history 600] [--profile]
 """
 
 from __future__ import annotations
