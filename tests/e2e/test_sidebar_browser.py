@@ -434,6 +434,33 @@ def test_publisher_thread_runs_only_while_a_comm_listens(frontend: Any) -> None:
     assert thread is None or not thread.is_alive()
 
 
+def test_publisher_sends_a_comm_a_payload_only_when_it_changed(frontend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The front end keeps showing the last payload: the same again would cost the kernel a serialization.
+    monkeypatch.setattr(frontend, "_last_external_publish", 0.0)  # nobody else published recently
+    payload: dict[str, Any] = {"devices": [], "host": {"rss_bytes": 1}, "cuda_in_use": False}
+    frontend.set_status_provider(lambda: payload)  # the same dict, changed in place below
+    shell = FakeShell()
+    frontend.register_status_target(shell)
+    comm = shell.kernel.comm_manager.open_from_frontend()
+    assert len(comm.sent) == 1, "the snapshot request is answered at once"
+    time.sleep(0.5)  # ten publisher passes
+    assert len(comm.sent) == 1, comm.sent
+    payload["host"]["rss_bytes"] = 2
+    deadline = time.monotonic() + 5
+    while len(comm.sent) < 2:
+        assert time.monotonic() < deadline, comm.sent
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert len(comm.sent) == 2, comm.sent
+    comm.receive({"request": "snapshot"})  # asked: answered, changed or not
+    assert len(comm.sent) == 3
+    comm.receive({"request": "sidebar"})  # another message in between: the payload is sent again once
+    deadline = time.monotonic() + 5
+    while not (len(comm.sent) == 5 and comm.sent[-1] is payload):
+        assert time.monotonic() < deadline, comm.sent
+        time.sleep(0.02)
+
+
 def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpumem.core.monitor import Monitor
     from gpumem.panel import frontend as _frontend

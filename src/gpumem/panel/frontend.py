@@ -24,7 +24,7 @@ Status bar: comm target ``gpumem.status`` (:data:`STATUS_TARGET`), opened by eit
                     "total_bytes": 3}],
        "host": {"rss_bytes": 4}, "cuda_in_use": true}
 
-  about once a second while a comm is open, and ``{"sidebar_model_id": "<id>"}`` or
+  at most once a second while a comm is open, when the figures changed, and ``{"sidebar_model_id": "<id>"}`` or
   ``{"sidebar_error": "<message>"}`` in answer to a sidebar request.
 * front end -> kernel: ``{"request": "snapshot"}`` (answered at once with one payload),
   ``{"request": "sidebar"}`` (answered by creating a panel with the factory registered through
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import html
 import threading
 import time
@@ -99,9 +100,7 @@ _EXTERNAL_QUIET_S = 2.5
 _AT_LEAST_TO_COMPARE = 2
 
 
-# --------------------------------------------------------------------------------------------
-# Sidebar output
-# --------------------------------------------------------------------------------------------
+# Sidebar output -------------------------------------------------------------------------------
 
 # Panel model id -> the inline wrapper last displayed for it (closed when replaced).
 _inline_wrappers: dict[str, Any] = {}
@@ -152,9 +151,7 @@ def show_sidebar(panel_widget: Any, *, note: str | None = None) -> None:
     display(sidebar_bundle(model_id, wrapper.model_id), raw=True)  # type: ignore[no-untyped-call]
 
 
-# --------------------------------------------------------------------------------------------
-# Status comm
-# --------------------------------------------------------------------------------------------
+# Status comm ----------------------------------------------------------------------------------
 
 
 class _StatusComm:
@@ -163,7 +160,7 @@ class _StatusComm:
     the kernel opened itself, kept open until unload so that a front end connecting later finds the
     target in a ``comm_info_request``."""
 
-    __slots__ = ("beacon", "comm", "confirmed", "context", "last_seen", "page", "route")
+    __slots__ = ("beacon", "comm", "confirmed", "context", "last_seen", "page", "route", "sent")
 
     def __init__(self, comm: Any, confirmed: bool, beacon: bool = False) -> None:
         self.comm = comm
@@ -172,6 +169,7 @@ class _StatusComm:
         self.last_seen = time.monotonic()
         self.page: str | None = None  # the session id of the front end's connection: its page
         self.route: Route | None = None  # its messages go to gpumem's subshell
+        self.sent: dict[str, Any] | None = None  # the last message sent on it (the front end keeps the payload)
         # The context of the last kernel message handled for this comm, in which every send runs:
         # ipykernel (7.x) takes the parent of a message sent from a background thread from the last
         # request handled on ANY subshell; this gives the messages this comm's own parent.
@@ -416,6 +414,7 @@ def _send(entry: _StatusComm, data: dict[str, Any]) -> bool:
     except Exception:
         _drop(entry)
         return False
+    entry.sent = copy.deepcopy(data)  # a copy: a status provider may change its dict in place afterwards
     return True
 
 
@@ -435,7 +434,9 @@ def publish_status(payload: StatusPayload) -> int:
     return _publish(payload)
 
 
-def _publish(payload: StatusPayload) -> int:
+def _publish(payload: StatusPayload, *, only_changed: bool = False) -> int:
+    """Send ``payload`` to every confirmed comm (with ``only_changed``, to those whose last payload was
+    another: the front end shows the last one it got, so the same again would only cost serializing)."""
     closing: list[_StatusComm] = []
     with _lock:
         targets = [e for e in _comms.values() if e.confirmed]
@@ -448,7 +449,7 @@ def _publish(payload: StatusPayload) -> int:
                 closing.append(entry)
     for entry in closing:
         _close(entry)
-    return sum(1 for entry in targets if _send(entry, payload))
+    return sum(1 for entry in targets if (not only_changed or entry.sent != payload) and _send(entry, payload))
 
 
 def _stale_locked(entries: list[_StatusComm]) -> list[_StatusComm]:
@@ -458,9 +459,7 @@ def _stale_locked(entries: list[_StatusComm]) -> list[_StatusComm]:
     return [e for e in entries if e.last_seen < newest - STALE_COMM_S]
 
 
-# --------------------------------------------------------------------------------------------
-# Default payload and publisher thread
-# --------------------------------------------------------------------------------------------
+# Default payload and publisher thread ---------------------------------------------------------
 
 _reader = StatusReader()
 
@@ -506,7 +505,7 @@ def _publish_loop() -> None:
                     return
             if time.monotonic() - _last_external_publish < _EXTERNAL_QUIET_S:
                 continue
-            _publish(_build_payload())
+            _publish(_build_payload(), only_changed=True)
     finally:
         _reader.stop()
 

@@ -135,6 +135,7 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         style = widgets.HTML(_STYLE, layout=widgets.Layout(display="none"))
         self._last_marks_key: tuple[Any, ...] | None = None
         self._last_devices: tuple[int, ...] | None = None
+        self._last_curves: tuple[Any, ...] | None = None
         super().__init__(
             # Free's result right under its button; the display settings after it.
             children=[style, self._header, self._legend, figure, actions, self._message, settings],
@@ -345,19 +346,22 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             with self._curves.hold_sync():
                 self._curves.x = _dates(frame.x_ms)
                 self._curves.y = frame.y
-                self._curves.colors = [c.color for c in frame.curves]
-                self._curves.opacities = [c.opacity for c in frame.curves]
-                self._curves.labels = [c.label for c in frame.curves]
-                self._curves.visible = True
+                if frame.curves != self._last_curves or not self._curves.visible:
+                    # Validating these lists costs as much as the arrays; they change only with the curves.
+                    self._last_curves = frame.curves
+                    self._curves.colors = [c.color for c in frame.curves]
+                    self._curves.opacities = [c.opacity for c in frame.curves]
+                    self._curves.labels = [c.label for c in frame.curves]
+                    self._curves.visible = True
         elif self._curves.visible:
             self._curves.visible = False
-        with self._capacity.hold_sync():
-            if frame.capacity:
+        if frame.capacity:
+            with self._capacity.hold_sync():
                 self._capacity.x = _dates(np.array([frame.x_min_ms, frame.x_max_ms]))
                 self._capacity.y = np.array([[c, c] for c in frame.capacity], dtype=np.float32)
                 self._capacity.visible = True
-            elif self._capacity.visible:
-                self._capacity.visible = False
+        elif self._capacity.visible:
+            self._capacity.visible = False
 
     def _show_marks(self, frame: CurveFrame) -> None:
         marks_key = (tuple(frame.mark_x_ms.tolist()), frame.mark_labels, frame.y_max)

@@ -136,6 +136,7 @@ class Panel(PanelView):
         self._free = FreeWorker()
         self._stats = PanelStats(0, 0, 0, 0, 0, 0.0, 0, False)
         self._last_frame: CurveFrame | None = None
+        self._last_header_key: tuple[Any, ...] | None = None
         self._error: str | None = None
         self._connect()
         # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
@@ -359,6 +360,10 @@ class Panel(PanelView):
         model = build_header(
             snapshot, infos, device_peaks, host_peak, status, self._options.device, peak_span=self._peaks.span()[1]
         )
+        key = (model, self._options.threshold)
+        if key == self._last_header_key:
+            return  # the same figures: the same HTML, already shown (rendering it is most of a header push)
+        self._last_header_key = key
         text, _alert = render_header(model, self._options.threshold)
         if self.show_header(text):
             self._stats = self._stats._replace(header_pushes=self._stats.header_pushes + 1)
