@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["synthetic_snapshot"]
+__all__ = ["synthetic_snapshot", "training_snapshot"]
 
 _BASE = 0x7F0000000000
 _LIB = "/usr/lib/python3/dist-packages"
@@ -73,5 +73,53 @@ def synthetic_snapshot(events: int, *, sites: int = 24, shared_frames: bool = Fa
     blocks = [{"address": address, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}
               for address, size in kept]  # fmt: skip
     segment = {"device": 0, "address": _BASE, "total_size": number * (1 << 21), "stream": 0, "segment_type": "large",
+               "blocks": blocks}  # fmt: skip
+    return {"segments": [segment], "device_traces": [trace]}
+
+
+def training_snapshot(steps: int, *, sites: int = 10, allocs: int = 56, keep_every: int = 10) -> dict[str, Any]:
+    """``steps`` training steps as torch records them (``free_completed`` skipped): ``allocs`` allocations a
+    step from ``sites`` lines, freed in reverse order as a backward pass frees activations, except the last
+    one, freed in the next step (kept to the end every ``keep_every`` steps): 112 entries a step by default.
+    Frame dicts are shared between entries and each alloc has its own list, as torch's snapshot makes them.
+    The model's parameters (64 blocks of 4 MiB) were allocated before the cell and stay alive."""
+    stacks = [[{"filename": name, "line": line, "name": function} for name, line, function in _stack(line)]
+              for line in range(3, 3 + sites)]  # fmt: skip
+    trace: list[dict[str, Any]] = []
+    kept: list[tuple[int, int]] = []
+    time_us, pending = 1_000_000.0, None
+
+    def free(address: int, size: int) -> None:
+        trace.append({"action": "free_requested", "addr": address, "size": size, "stream": 0, "time_us": time_us,
+                      "frames": []})  # fmt: skip
+
+    for step in range(steps):
+        made = []
+        for number in range(allocs):
+            address = _BASE + (number + (step % 2) * allocs) * (1 << 21)  # two steps' worth, reused
+            if number == allocs - 1:  # the step's result: an address of its own (it may outlive the step)
+                address = _BASE + (1 << 36) + step * (1 << 21)
+            size = (1 + (number * 5 + step) % 9) * (1 << 18)
+            trace.append({"action": "alloc", "addr": address, "size": size, "stream": 0, "time_us": time_us,
+                          "frames": list(stacks[number % sites])})  # fmt: skip
+            time_us += 2.0
+            made.append((address, size))
+            if number == allocs // 2 and pending is not None:  # the previous step's result, dropped mid-step
+                free(*pending)
+                pending = None
+        result = made.pop()
+        for address, size in reversed(made):
+            free(address, size)
+            time_us += 1.5
+        if step % keep_every == keep_every - 1:
+            kept.append(result)
+        else:
+            pending = result
+    if pending is not None:
+        kept.append(pending)
+    params = [(_BASE - (index + 1) * (1 << 22), 1 << 22) for index in range(64)]
+    blocks = [{"address": address, "size": size, "requested_size": size, "state": "active_allocated", "frames": []}
+              for address, size in sorted(params + kept)]  # fmt: skip
+    segment = {"device": 0, "address": params[-1][0], "total_size": 1 << 30, "stream": 0, "segment_type": "large",
                "blocks": blocks}  # fmt: skip
     return {"segments": [segment], "device_traces": [trace]}
