@@ -41,6 +41,23 @@ _SHELL = [
 ]
 
 
+# Below ipykernel's dispatch, a kernel's own event loop and launcher: a training_snapshot stack is as deep as
+# a real one in a notebook (about 30 frames).
+_KERNEL_LOOP = [
+    (f"{_LIB}/ipykernel/kernelbase.py", 534, "process_one"),
+    (f"{_LIB}/ipykernel/kernelbase.py", 545, "dispatch_queue"),
+    ("/usr/lib/python3.11/asyncio/events.py", 84, "_run"),
+    ("/usr/lib/python3.11/asyncio/base_events.py", 1936, "_run_once"),
+    ("/usr/lib/python3.11/asyncio/base_events.py", 608, "run_forever"),
+    (f"{_LIB}/tornado/platform/asyncio.py", 205, "start"),
+    (f"{_LIB}/ipykernel/kernelapp.py", 739, "start"),
+    (f"{_LIB}/traitlets/config/application.py", 1075, "launch_instance"),
+    (f"{_LIB}/ipykernel_launcher.py", 18, "<module>"),
+    ("<frozen runpy>", 88, "_run_code"),
+    ("<frozen runpy>", 198, "_run_module_as_main"),
+]
+
+
 def _stack(step_line: int) -> list[tuple[str, int, str]]:
     return [*_TORCH, ("<ipython-input-1-0a1b2c3d>", step_line, "train_step"),
             ("<ipython-input-2-4e5f6a7b>", 2, "<module>"), *_SHELL]  # fmt: skip
@@ -83,8 +100,8 @@ def training_snapshot(steps: int, *, sites: int = 10, allocs: int = 56, keep_eve
     one, freed in the next step (kept to the end every ``keep_every`` steps): 112 entries a step by default.
     Frame dicts are shared between entries and each alloc has its own list, as torch's snapshot makes them.
     The model's parameters (64 blocks of 4 MiB) were allocated before the cell and stay alive."""
-    stacks = [[{"filename": name, "line": line, "name": function} for name, line, function in _stack(line)]
-              for line in range(3, 3 + sites)]  # fmt: skip
+    stacks = [[{"filename": name, "line": line, "name": function} for name, line, function in
+               [*_stack(line), *_KERNEL_LOOP]] for line in range(3, 3 + sites)]  # fmt: skip
     trace: list[dict[str, Any]] = []
     kept: list[tuple[int, int]] = []
     time_us, pending = 1_000_000.0, None
