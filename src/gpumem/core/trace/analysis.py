@@ -132,7 +132,11 @@ class _SiteIndex:
         for begin in range(0, len(frame_lists), _CHUNK):
             chunk = frame_lists[begin : begin + _CHUNK]
             stacks, depth = self.stacks, max(self.depth_hits, key=self.depth_hits.__getitem__, default=0)
-            if stacks is None or depth <= 0:
+            if stacks is None:  # given up: straight to the namer
+                site, position = self.namer.site, self.position
+                found.extend(position(site(frames)) for frames in chunk)
+                continue
+            if depth <= 0:
                 found.extend(map(self, chunk))
                 continue
             get, call, calls = stacks.get, self.__call__, self.calls
@@ -339,7 +343,8 @@ class _ArrayReplay:
         self.columns, self.sites = columns, site_of.sites
         self.frames = [entries[entry].get("frames") or () for entry in columns.allocs.tolist()]
         self.pairing = pairing = Pairing(columns, site_of.many(self.frames), before=BEFORE)
-        self.times = list(map(columns.times.__getitem__, pairing.events.tolist()))
+        every = len(pairing.events) == len(columns.times)  # as torch records (no completions, no segment events)
+        self.times = columns.times if every else list(map(columns.times.__getitem__, pairing.events.tolist()))
         self.deltas: list[int] = pairing.deltas.tolist()
         self.owners: list[int] = pairing.owners.tolist()
         self.freed_before, self.failed = pairing.freed_before, columns.failed
