@@ -90,3 +90,14 @@ def test_a_stack_sharing_the_innermost_and_user_frame_dicts_is_still_told_apart(
     labels = [usage.site.label for usage in found.left]
     assert labels == ["/home/me/model.py:12 in block", "cell [3] line 2 in <module>"]
     assert [usage.count for usage in found.left] == [3, 3]
+
+
+def test_the_timeline_drawn_from_the_analysis_arrays_equals_one_from_the_lists() -> None:
+    from gpumem.core.trace.timeline import _Events, build_timeline
+
+    trace = analyse_device(training_snapshot(30), 0)
+    assert _Events(trace).deltas is trace.arrays[1]  # the analysis's arrays are reused
+    reused = build_timeline(trace, columns=50)
+    trace.deltas, trace.owners = list(trace.deltas), list(trace.owners)  # other lists: converted again
+    assert _Events(trace).deltas is not trace.arrays[1]
+    assert build_timeline(trace, columns=50) == reused

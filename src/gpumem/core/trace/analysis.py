@@ -73,6 +73,9 @@ class DeviceTrace:
     failed: list[int] = field(default_factory=list)  # sizes of allocations that ran out of memory
     first_time: float | None = None
     last_time: float | None = None
+    # (deltas, their int64 array, owners, theirs) where the analysis had them as arrays: the timeline
+    # reads them instead of converting the lists again, while the lists are these same objects.
+    arrays: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def events(self) -> list[TraceEvent]:
@@ -347,6 +350,7 @@ class _ArrayReplay:
         self.times = columns.times if every else list(map(columns.times.__getitem__, pairing.events.tolist()))
         self.deltas: list[int] = pairing.deltas.tolist()
         self.owners: list[int] = pairing.owners.tolist()
+        self.arrays = (self.deltas, pairing.deltas, self.owners, pairing.owners)
         self.freed_before, self.failed = pairing.freed_before, columns.failed
         self.temporary: dict[int, SiteUsage] = {}
         self.temporary_frames: dict[int, Sequence[Mapping[str, Any]]] = {}
@@ -427,6 +431,7 @@ def analyse_device(
         failed=replay.failed,
         first_time=times[0] if times else None,
         last_time=times[-1] if times else None,
+        arrays=getattr(replay, "arrays", ()),
     )
 
 

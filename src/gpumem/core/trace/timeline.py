@@ -45,6 +45,10 @@ class _Events:
     def __init__(self, trace: DeviceTrace) -> None:
         import numpy as np
 
+        made = trace.arrays  # the analysis's own arrays, while the lists are still the ones made from them
+        if made and made[0] is trace.deltas and made[2] is trace.owners:
+            self.deltas, self.owners = made[1], made[3].astype(np.intp, copy=False)
+            return
         self.deltas = _integers(trace.deltas)  # None: not all int64
         self.owners = np.asarray(trace.owners, dtype=np.intp)
 
