@@ -75,7 +75,8 @@ def _most_at_once(trace: DeviceTrace, events: _Events) -> list[int]:
         return most
     owners = events.owners
     mask = owners != BEFORE
-    order = np.argsort(owners[mask], kind="stable")
+    keys = owners[mask]
+    order = np.argsort(keys.astype(np.int16) if len(trace.sites) < 1 << 15 else keys, kind="stable")  # int16: radix
     grouped, sizes = owners[mask][order], deltas[mask][order]
     if not len(grouped):
         return most
@@ -141,14 +142,20 @@ class _Slices:
         highest = np.repeat(np.maximum.reduceat(totals, starts), lengths)
         bests = np.minimum.reduceat(np.where(totals == highest, np.arange(len(deltas)), len(deltas)), starts)
         lookup = np.asarray([*self.bands, 0], dtype=np.intp)  # BEFORE (-1) reads the last entry: band 0
-        rows = np.zeros((len(deltas), len(state)), dtype=np.int64)
-        rows[np.arange(len(deltas)), lookup[self.events.owners]] = deltas
+        ends = starts + lengths - 1
+        # Each band's bytes are read only after the events in `read`: every event's bytes are summed into
+        # the first of them at or after it, then those sums are accumulated (no row per event).
+        read = np.union1d(bests, ends)  # ends holds the last event: every event is summed into one
+        width = len(state)
+        sums = np.zeros(len(read) * width, dtype=np.int64)
+        np.add.at(sums, np.searchsorted(read, np.arange(len(deltas))) * width + lookup[self.events.owners], deltas)
+        rows = sums.reshape(len(read), width)
         np.cumsum(rows, axis=0, out=rows)
         rows += np.asarray(state, dtype=np.int64)
         times, values = [0.0], [list(state)]
-        ends = starts + lengths - 1
+        best_rows, end_rows = rows[np.searchsorted(read, bests)], rows[np.searchsorted(read, ends)]
         for best, end, best_state, end_state in zip(
-            bests.tolist(), ends.tolist(), rows[bests].tolist(), rows[ends].tolist(), strict=True
+            bests.tolist(), ends.tolist(), best_rows.tolist(), end_rows.tolist(), strict=True
         ):
             times.append(trace.times[best] - origin)
             values.append(best_state)
