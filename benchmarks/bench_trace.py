@@ -10,8 +10,9 @@ the cell by phase: the snapshot (``torch.cuda.memory._snapshot()`` and switching
 analysis and our rendering (text and HTML), with the number of trace entries and the HTML's bytes.
 The goal is per cell: the snapshot, analysis and rendering are paid once per cell, so their share
 of the overhead is printed too (a longer cell pays them once over more work).
-CPU half: analysing and rendering, timed apart, a synthesized training loop shaped as torch records
-one (112 entries a step, 10 sites, frame dicts shared; 33,600 entries like the 300-step cell, and 100,000);
+CPU half: analysing and rendering, timed apart (wall and CPU time), a synthesized training loop shaped
+as torch records one (112 entries a step, 10 sites, 30-frame stacks, frame dicts shared, allocations
+freed within the step but one result in ten kept; 33,600 entries like the 300-step cell, and 100,000);
 analysing and rendering a synthesized trace (60,000 entries, about what the 300-step cell
 records, and 100,000) to HTML, with every entry's frame dicts its own (the analysis's worst case) and
 shared between entries as torch's snapshot shares them. Goals at 100,000: at most 1 s, 2 MB.
