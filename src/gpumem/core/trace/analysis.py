@@ -9,6 +9,10 @@ Memory that existed before the cell is never charged to a site: it is "before th
 the blocks alive at the end that the cell did not allocate plus those the cell freed without having
 allocated them. A block counts as freed at ``free_requested`` (where ``memory_allocated`` drops),
 or at ``free_completed`` where no request was recorded.
+
+Frees are paired with allocations by numpy (:mod:`~gpumem.core.trace.pairing`, imported on the first
+trace); entries the arrays cannot hold as they are (a key missing, a size that is not an integer)
+are replayed by a loop that gives the same answers.
 """
 
 from __future__ import annotations
