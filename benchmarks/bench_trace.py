@@ -10,7 +10,10 @@ the cell by phase: the snapshot (``torch.cuda.memory._snapshot()`` and switching
 analysis and our rendering (text and HTML), with the number of trace entries and the HTML's bytes.
 The goal is per cell: the snapshot, analysis and rendering are paid once per cell, so their share
 of the overhead is printed too (a longer cell pays them once over more work).
-CPU half: analysing and rendering a synthesized trace (60,000 entries, about what the 300-step cell
+CPU half: analysing and rendering, timed apart (wall and CPU time), a synthesized training loop shaped
+as torch records one (112 entries a step, 10 sites, 30-frame stacks, frame dicts shared, allocations
+freed within the step but one result in ten kept; 33,600 entries like the 300-step cell, and 100,000);
+analysing and rendering a synthesized trace (60,000 entries, about what the 300-step cell
 records, and 100,000) to HTML, with every entry's frame dicts its own (the analysis's worst case) and
 shared between entries as torch's snapshot shares them. Goals at 100,000: at most 1 s, 2 MB.
 
@@ -28,8 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpumem.core.trace import CellSnapshot, build_report, paused_gc
-from gpumem.core.trace.synthetic import synthetic_snapshot
+from gpumem.core.collector import collector_paused
+from gpumem.core.trace import CellSnapshot, build_report
+from gpumem.core.trace.synthetic import synthetic_snapshot, training_snapshot
 
 GOAL_RATIO = 1.15
 GOAL_RENDER_S = 1.0
@@ -58,7 +62,7 @@ def render_half(entries: int, runs: int = 7, *, shared_frames: bool = False) -> 
         start, cpu = time.perf_counter(), time.process_time()
         report = build_report(CellSnapshot(snapshot, {}, False, [], 2 * entries))
         analysed = time.perf_counter()
-        with paused_gc():  # as trace_cell.show renders it
+        with collector_paused():  # as trace_cell.show renders it
             page = report._repr_html_() + repr(report)
         render.append(time.perf_counter() - analysed)
         analysis.append(analysed - start)
@@ -74,6 +78,34 @@ def render_half(entries: int, runs: int = 7, *, shared_frames: bool = False) -> 
     return {"entries": entries, "shared_frames": shared_frames, "median_s": median, "analysis_s": analysis,
             "render_s": render, "cpu_s": cpu_times, "html_bytes": size,
             "ok": median <= GOAL_RENDER_S and size <= GOAL_BYTES}  # fmt: skip
+
+
+STEP_ENTRIES = 112  # a training step's trace entries (56 allocs and their frees; free_completed is skipped)
+
+
+def training_half(entries: int, runs: int = 9) -> dict[str, Any]:
+    """Analysis and rendering, timed apart, of a synthesized training loop as torch records it."""
+    steps = max(entries // STEP_ENTRIES, 1)
+    snapshot = training_snapshot(steps)
+    count = len(snapshot["device_traces"][0])
+    build_report(CellSnapshot(snapshot, {}, False, [], None))  # imports (numpy) and warms up
+    phases: dict[str, list[float]] = {"analysis_s": [], "analysis_cpu_s": [], "render_s": [], "render_cpu_s": []}
+    for _ in range(runs):
+        start, cpu = time.perf_counter(), time.process_time()
+        report = build_report(CellSnapshot(snapshot, {}, False, [], None))
+        analysed, analysed_cpu = time.perf_counter(), time.process_time()
+        with collector_paused():  # as trace_cell.show renders it
+            report._repr_html_()
+            repr(report)
+        phases["render_s"].append(time.perf_counter() - analysed)
+        phases["render_cpu_s"].append(time.process_time() - analysed_cpu)
+        phases["analysis_s"].append(analysed - start)
+        phases["analysis_cpu_s"].append(analysed_cpu - cpu)
+    median = {name: statistics.median(values) * 1000 for name, values in phases.items()}
+    print(f"training loop, {count:,} entries ({steps} steps of {STEP_ENTRIES}, 10 sites, 30-frame stacks, shared "
+          f"frame dicts): analysis median {median['analysis_s']:.1f} ms wall ({median['analysis_cpu_s']:.1f} ms "
+          f"CPU), rendering median {median['render_s']:.1f} ms wall ({median['render_cpu_s']:.1f} ms CPU)")  # fmt: skip
+    return {"entries": count, **phases}
 
 
 RECORD_ONLY = """\
@@ -175,6 +207,7 @@ def main() -> None:
             for shared in (False, True)
             for entries in sorted({60_000, args.entries})
         ],
+        "training": [training_half(entries) for entries in (33_600, 100_000)],
         "gpu": gpu_half(args.rounds, args.steps),
     }
     if args.out is not None:

@@ -130,3 +130,30 @@ def test_recording_stops_when_the_cell_is_interrupted(
     assert "skip" not in allocator.calls[0]
     assert not allocator.recording
     assert "gpumem trace" in cap.stdout or any("trace" in str(out.data) for out in cap.outputs), cap.stdout
+
+
+def test_the_costs_of_the_end_of_a_traced_cell_are_kept_by_phase(shell: Any) -> None:
+    """LAST_COSTS (read by benchmarks/bench_trace.py) has each phase of the end of a traced cell; the
+    snapshot comes from a stand-in recorder here (no CUDA), then is analysed and shown for real."""
+    from IPython.utils.capture import capture_output
+
+    from gpumem.core.trace import CellSnapshot
+    from gpumem.core.trace.synthetic import training_snapshot
+    from gpumem.ipython import trace_cell
+
+    snapshot = training_snapshot(20)
+    entries = len(snapshot["device_traces"][0])
+
+    class Recorder:
+        def stop(self) -> CellSnapshot:
+            return CellSnapshot(snapshot, {0: 12}, False, [], None)
+
+    taken = trace_cell.stop(Recorder())  # type: ignore[arg-type]
+    with capture_output(display=True) as cap:
+        report = trace_cell.show(taken, trace_cell.TraceRequest(0, None), shell, 5, quiet=False)
+    assert report is not None
+    costs = trace_cell.LAST_COSTS
+    assert set(costs) == {"snapshot_s", "entries", "analysis_s", "render_s", "html_bytes"}
+    assert costs["entries"] == entries - 12
+    assert costs["html_bytes"] == len(cap.outputs[-1].data["text/html"].encode())
+    assert all(costs[phase] > 0 for phase in ("snapshot_s", "analysis_s", "render_s"))

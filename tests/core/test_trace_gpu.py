@@ -213,3 +213,35 @@ def test_unload_inside_a_traced_cell_stops_recording(gpu: Any) -> None:
     assert not torch._C._cuda_isHistoryEnabled()
     assert "gpumem:" not in cap.stderr
     assert gpu.run_cell("%load_ext gpumem").success  # the fixture unloads it again
+
+
+def test_a_real_training_loop_is_analysed_by_arrays_exactly_as_by_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real snapshot (forward, backward on autograd's threads, AdamW's state) takes the array path, and
+    the arrays answer as the replay loop does; torch shares one dict per distinct frame between entries
+    (what the site lookup by frame identity relies on)."""
+    torch = pytest.importorskip("torch")
+    from gpumem.core.trace import analysis
+    from gpumem.core.trace.sites import SiteNamer
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.randn(64, 256, device="cuda:0")
+    recorder = TraceRecorder()
+    assert recorder.start() is None
+    for _ in range(5):
+        optimizer.zero_grad(set_to_none=True)
+        model(data).square().mean().backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    taken = recorder.stop()
+    assert taken is not None
+    entries = taken.snapshot["device_traces"][0][taken.first_entry.get(0, 0) :]
+    assert analysis._columns(entries) is not None  # torch's entries fit the arrays as they are
+    by_arrays = analysis.analyse_device(taken.snapshot, 0, first_entry=taken.first_entry.get(0, 0), namer=SiteNamer())
+    monkeypatch.setattr(analysis, "_columns", lambda entries: None)
+    by_loop = analysis.analyse_device(taken.snapshot, 0, first_entry=taken.first_entry.get(0, 0), namer=SiteNamer())
+    assert by_arrays == by_loop
+    assert by_arrays.temporary
+    assert by_arrays.left  # AdamW's state and the gradients
+    frames = [frame for entry in entries for frame in entry.get("frames") or ()]
+    assert len({id(frame) for frame in frames}) < len(frames) / 2

@@ -9,6 +9,10 @@ Memory that existed before the cell is never charged to a site: it is "before th
 the blocks alive at the end that the cell did not allocate plus those the cell freed without having
 allocated them. A block counts as freed at ``free_requested`` (where ``memory_allocated`` drops),
 or at ``free_completed`` where no request was recorded.
+
+Frees are paired with allocations by numpy (:mod:`~gpumem.core.trace.pairing`, imported on the first
+trace); entries the arrays cannot hold as they are (a key missing, a size that is not an integer)
+are replayed by a loop that gives the same answers.
 """
 
 from __future__ import annotations
@@ -17,14 +21,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpumem.core.trace.sites import Frame, Site, SiteNamer
+
+if TYPE_CHECKING:
+    from gpumem.core.trace.pairing import Columns
 
 __all__ = ["BEFORE", "DeviceTrace", "SiteUsage", "TraceEvent", "analyse_device", "analyse_snapshot", "live_blocks"]
 
 BEFORE = -1  # the site index of memory allocated before the cell (or before the trace's window)
 _STACKS_TRIED = 1024  # distinct stacks (by frame identity) looked up before deciding whether it pays
+_CHUNK = 1024  # allocations looked up inline at one depth
+_DEPTHS_TRIED = 16  # distinct deciding depths stored (each is one lookup per allocation)
 
 
 class TraceEvent(NamedTuple):
@@ -68,6 +77,9 @@ class DeviceTrace:
     failed: list[int] = field(default_factory=list)  # sizes of allocations that ran out of memory
     first_time: float | None = None
     last_time: float | None = None
+    # (deltas, their int64 array, owners, theirs) where the analysis had them as arrays: the timeline
+    # reads them instead of converting the lists again, while the lists are these same objects.
+    arrays: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def events(self) -> list[TraceEvent]:
@@ -98,11 +110,16 @@ def live_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]:
     return found
 
 
-class _Replay:
-    """One forward pass over a device's trace: classifies every alloc and free.
+class _SiteIndex:
+    """Site indices in order of first sight, each allocation's found by the identity of its frame dicts
+    when it can be.
 
-    Events are kept as three parallel lists (time, delta, site) rather than one tuple each: the loop
-    runs once per trace entry (100,000 a cell) and building an object per entry was most of its cost.
+    torch's snapshot makes one dict per distinct frame and shares it between entries. A stack is stored
+    by its innermost frame and the frame that decides its site (its innermost user frame), at that
+    depth; a new stack with the same two dicts there is compared with it that many frames deep (in C:
+    identical dicts compare at once, and equal frames give the same site), without reading a frame.
+    Where dicts are not shared nothing repeats: the lookup is given up after a while. Each stored
+    stack keeps its frames alive, so an id stays theirs.
     """
 
     def __init__(self, namer: SiteNamer) -> None:
@@ -110,8 +127,102 @@ class _Replay:
         self.sites: list[Site] = []
         self.index: dict[tuple[str, int, str], int] = {}
         self.positions: dict[int, int] = {}  # id(Site) -> its index (the namer keeps each Site alive)
-        self.stacks: dict[tuple[int, ...], tuple[Sequence[Mapping[str, Any]], int]] | None = {}
-        self.stack_hits = 0
+        self.depths: list[int] = []  # the deciding depths stored (negative: a whole stack, no user frame)
+        self.stacks: dict[tuple[int, int, int], tuple[Sequence[Mapping[str, Any]], int]] | None = {}
+        self.stored = self.hits = self.calls = 0
+        self.depth_hits: dict[int, int] = {}  # per depth stored, how many lookups it answered
+
+    def many(self, frame_lists: Sequence[Sequence[Mapping[str, Any]]]) -> list[int]:
+        """The site index of each allocation's frames, in order: in chunks, each looked up inline at the
+        depth that has matched most so far (one call per allocation was half of the analysis's cost)."""
+        found: list[int] = []
+        for begin in range(0, len(frame_lists), _CHUNK):
+            chunk = frame_lists[begin : begin + _CHUNK]
+            stacks, depth = self.stacks, max(self.depth_hits, key=self.depth_hits.__getitem__, default=0)
+            if stacks is None:  # given up: straight to the namer
+                site, position = self.namer.site, self.position
+                found.extend(position(site(frames)) for frames in chunk)
+                continue
+            if depth <= 0:
+                found.extend(map(self, chunk))
+                continue
+            get, call, calls = stacks.get, self.__call__, self.calls
+            found.extend(
+                known[1]
+                if len(frames) >= depth
+                and (known := get((depth, id(frames[0]), id(frames[depth - 1])))) is not None
+                and frames[:depth] == known[0]
+                else call(frames)
+                for frames in chunk
+            )
+            inline = len(chunk) - (self.calls - calls)  # found inline, without a call
+            self.hits += inline
+            self.depth_hits[depth] += inline
+        return found
+
+    def __call__(self, frames: Sequence[Mapping[str, Any]]) -> int:
+        """The site index of one allocation's frames (innermost first)."""
+        self.calls += 1
+        stacks = self.stacks
+        if stacks is not None and frames:
+            first, size = id(frames[0]), len(frames)
+            for depth in self.depths:
+                if depth > 0:
+                    if depth <= size:
+                        known = stacks.get((depth, first, id(frames[depth - 1])))
+                        if known is not None and frames[:depth] == known[0]:
+                            self.hits += 1
+                            self.depth_hits[depth] += 1
+                            return known[1]
+                elif -depth == size:
+                    known = stacks.get((depth, first, id(frames[-1])))
+                    if known is not None and frames == known[0]:
+                        self.hits += 1
+                        return known[1]
+        site, decided = self.namer.site_and_depth(frames)
+        position = self.position(site)
+        if stacks is not None and frames:
+            self.store(stacks, frames, decided, position)
+        return position
+
+    def position(self, site: Site) -> int:
+        position = self.positions.get(id(site))
+        if position is None:
+            position = self.index.get(site.key)
+            if position is None:
+                position = self.index[site.key] = len(self.sites)
+                self.sites.append(site)
+            self.positions[id(site)] = position
+        return position
+
+    def store(
+        self, stacks: dict[Any, Any], frames: Sequence[Mapping[str, Any]], decided: int | None, site: int
+    ) -> None:
+        depth = -len(frames) if decided is None else decided
+        if depth not in self.depths:
+            if len(self.depths) == _DEPTHS_TRIED:
+                return
+            self.depths.append(depth)
+            if depth > 0:
+                self.depth_hits[depth] = 0
+        kept = frames[:depth] if depth > 0 else frames
+        stacks[depth, id(frames[0]), id(kept[-1])] = (kept, site)
+        self.stored += 1
+        if self.stored == _STACKS_TRIED and self.hits < _STACKS_TRIED:  # under half of lookups hit
+            self.stacks = None
+
+
+class _Replay:
+    """One forward pass over a device's trace: classifies every alloc and free (for entries that the
+    arrays of :mod:`~gpumem.core.trace.pairing` do not hold as they are).
+
+    Events are kept as three parallel lists (time, delta, site) rather than one tuple each: the loop
+    runs once per trace entry (100,000 a cell) and building an object per entry was most of its cost.
+    """
+
+    def __init__(self, site_of: _SiteIndex) -> None:
+        self.site_of = site_of
+        self.sites = site_of.sites
         self.times: list[float] = []
         self.deltas: list[int] = []
         self.owners: list[int] = []  # per event: its site, or BEFORE
@@ -122,33 +233,24 @@ class _Replay:
         self.temporary_frames: dict[int, Sequence[Mapping[str, Any]]] = {}
         self.failed: list[int] = []
 
-    def site_of(self, frames: Sequence[Mapping[str, Any]]) -> int:
-        """The site index of one allocation's frames, found by the identity of its frame dicts when it can be.
+    def left(self) -> list[_Block]:
+        return list(self.live.values())
 
-        torch's snapshot makes one dict per distinct frame and shares it between entries, so a stack seen
-        before is found without reading a frame. Where dicts are not shared, nothing repeats: the lookup
-        is given up after a while. Each stored stack keeps its frames alive, so an id stays theirs.
-        """
-        stacks = self.stacks
-        if stacks is not None:
-            key = tuple(map(id, frames))
-            known = stacks.get(key)
-            if known is not None:
-                self.stack_hits += 1
-                return known[1]
-        site = self.namer.site(frames)
-        position = self.positions.get(id(site))
-        if position is None:
-            position = self.index.get(site.key)
-            if position is None:
-                position = self.index[site.key] = len(self.sites)
-                self.sites.append(site)
-            self.positions[id(site)] = position
-        if stacks is not None:
-            stacks[key] = (frames, position)
-            if len(stacks) == _STACKS_TRIED and self.stack_hits < _STACKS_TRIED:  # under half of lookups hit
-                self.stacks = None
-        return position
+    def peak(self, start: int) -> tuple[int, int]:
+        return _peak(self.deltas, start)
+
+    def alive_at(self, until: int) -> tuple[list[_Block], int]:
+        """The cell's blocks alive just after event ``until``, and the bytes from before the cell freed by then."""
+        alive: dict[int, _Block] = {}
+        before = 0
+        for owner, delta, step in zip(self.owners[: until + 1], self.deltas, self.steps, strict=False):
+            if owner == BEFORE:
+                before += delta
+            elif isinstance(step, _Block):
+                alive[step.address] = step
+            else:
+                alive.pop(step, None)
+        return list(alive.values()), before
 
     def run(self, entries: Iterable[Mapping[str, Any]]) -> None:
         """The whole replay in one loop with its state in locals."""
@@ -238,6 +340,52 @@ def _peak(deltas: Sequence[int], start: int) -> tuple[int, int]:
     return peak, totals.index(peak) - 1
 
 
+class _ArrayReplay:
+    """The replay's answers from arrays (:mod:`~gpumem.core.trace.pairing`): only the sites are found
+    one allocation at a time."""
+
+    def __init__(self, columns: Columns, entries: Sequence[Mapping[str, Any]], site_of: _SiteIndex) -> None:
+        from gpumem.core.trace.pairing import Pairing  # numpy: imported on the first trace, not at %load_ext
+
+        self.columns, self.sites = columns, site_of.sites
+        self.frames = [entries[entry].get("frames") or () for entry in columns.allocs.tolist()]
+        self.pairing = pairing = Pairing(columns, site_of.many(self.frames), before=BEFORE)
+        every = len(pairing.events) == len(columns.times)  # as torch records (no completions, no segment events)
+        self.times = columns.times if every else list(map(columns.times.__getitem__, pairing.events.tolist()))
+        self.deltas: list[int] = pairing.deltas.tolist()
+        self.owners: list[int] = pairing.owners.tolist()
+        self.arrays = (self.deltas, pairing.deltas, self.owners, pairing.owners)
+        self.freed_before, self.failed = pairing.freed_before, columns.failed
+        self.temporary: dict[int, SiteUsage] = {}
+        self.temporary_frames: dict[int, Sequence[Mapping[str, Any]]] = {}
+        for site, total, count, largest, alloc in pairing.temporary():
+            self.temporary[site] = SiteUsage(self.sites[site], total, count, largest)
+            self.temporary_frames[site] = self._blocks([alloc])[0].frames
+
+    def _blocks(self, allocs: Any) -> list[_Block]:
+        """The blocks of the allocs at these entries (an index array), as the loop's replay makes them."""
+        columns, pairing = self.columns, self.pairing
+        frames = map(self.frames.__getitem__, columns.allocs.searchsorted(allocs).tolist())
+        found = zip(pairing.site_of[allocs].tolist(), columns.sizes[allocs].tolist(), frames,
+                    columns.addresses[allocs].tolist(), strict=True)  # fmt: skip
+        return [_Block(*block) for block in found]
+
+    def left(self) -> list[_Block]:
+        return self._blocks(self.pairing.alive_after(len(self.deltas) - 1))
+
+    def peak(self, start: int) -> tuple[int, int]:
+        return self.pairing.peak(start) or _peak(self.deltas, start)
+
+    def alive_at(self, until: int) -> tuple[list[_Block], int]:
+        return self._blocks(self.pairing.alive_after(until)), self.pairing.before_until(until)
+
+
+def _columns(entries: Sequence[Mapping[str, Any]]) -> Columns | None:
+    from gpumem.core.trace.pairing import Columns  # numpy: imported on the first trace, not at %load_ext
+
+    return Columns.read(entries)
+
+
 def analyse_device(
     snapshot: Mapping[str, Any],
     device: int,
@@ -250,14 +398,22 @@ def analyse_device(
     namer = namer or SiteNamer()
     traces = snapshot.get("device_traces") or []
     entries: Sequence[Mapping[str, Any]] = traces[device][first_entry:] if device < len(traces) else []
-    replay = _Replay(namer)
-    replay.run(entries)
+    site_of = _SiteIndex(namer)
+    columns = _columns(entries)
+    replay: _Replay | _ArrayReplay
+    if columns is not None:
+        replay = _ArrayReplay(columns, entries, site_of)
+    else:
+        replay = _Replay(site_of)
+        replay.run(entries)
+    left = replay.left()
     at_end = live_blocks(snapshot, device)
-    survivors = sum(size for address, size in at_end.items() if address not in replay.live)
+    alive_at_end = {block.address for block in left}
+    survivors = sum(size for address, size in at_end.items() if address not in alive_at_end)
     start = survivors + replay.freed_before
     times, deltas = replay.times, replay.deltas
-    peak, where = _peak(deltas, start)
-    alive, before_at_peak = _alive_at(replay, where, start)
+    peak, where = replay.peak(start)
+    alive, before_delta = replay.alive_at(where)
     for site, usage in replay.temporary.items():
         usage.stack = tuple(namer.frames(replay.temporary_frames.get(site, ())))
     return DeviceTrace(
@@ -270,30 +426,17 @@ def analyse_device(
         end_bytes=start + sum(deltas),
         peak_bytes=peak,
         peak_time=times[where] if where >= 0 else None,
-        before_at_peak=before_at_peak,
+        before_at_peak=start + before_delta,
         at_peak=_by_site(alive, replay.sites, namer),
-        left=_by_site(replay.live.values(), replay.sites, namer),
+        left=_by_site(left, replay.sites, namer),
         temporary=_ranked(replay.temporary.values()),
         freed_before=replay.freed_before,
         truncated=truncated,
         failed=replay.failed,
         first_time=times[0] if times else None,
         last_time=times[-1] if times else None,
+        arrays=getattr(replay, "arrays", ()),
     )
-
-
-def _alive_at(replay: _Replay, until: int, start: int) -> tuple[list[_Block], int]:
-    """The cell's blocks alive just after event ``until``, and the bytes from before the cell then."""
-    alive: dict[int, _Block] = {}
-    before = start
-    for owner, delta, step in zip(replay.owners[: until + 1], replay.deltas, replay.steps, strict=False):
-        if owner == BEFORE:
-            before += delta
-        elif isinstance(step, _Block):
-            alive[step.address] = step
-        else:
-            alive.pop(step, None)
-    return list(alive.values()), before
 
 
 def analyse_snapshot(

@@ -93,15 +93,21 @@ class SiteNamer:
         return [self.frame(raw) for raw in raw_frames]
 
     def site(self, raw_frames: Sequence[Mapping[str, Any]]) -> Site:
-        """The site of one allocation, from its frames (innermost first); called once per allocation."""
+        """The site of one allocation, from its frames (innermost first)."""
+        return self.site_and_depth(raw_frames)[0]
+
+    def site_and_depth(self, raw_frames: Sequence[Mapping[str, Any]]) -> tuple[Site, int | None]:
+        """The site, and how many innermost frames decide it: through the innermost user frame (None: no
+        frame is the user's, so every frame counts). Equal frames that many deep give the same site."""
         if not raw_frames:
-            return NO_STACK
+            return NO_STACK, 0
         user_files = self._user_files
         below: Mapping[str, Any] | None = None
-        for raw in raw_frames:  # ~20 frames, 100,000 allocations a cell: one lookup per frame
+        decided: int | None = None
+        for depth, raw in enumerate(raw_frames, 1):  # ~20 frames: one lookup per frame
             filename = raw.get("filename", "?")
             if user_files[filename]:
-                chosen = raw
+                chosen, decided = raw, depth
                 break
             below = raw
         else:
@@ -116,7 +122,7 @@ class SiteNamer:
         cached = self._sites.get(cache_key)
         if cached is None:
             cached = self._sites[cache_key] = self._new_site(chosen, below)
-        return cached
+        return cached, decided
 
     def _new_site(self, chosen: Mapping[str, Any], below: Mapping[str, Any] | None) -> Site:
         frame = self.frame(chosen)

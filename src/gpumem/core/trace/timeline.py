@@ -38,19 +38,34 @@ class Timeline:
     peak_time: float | None  # µs from the first event
 
 
-def _top_sites(trace: DeviceTrace, bands: int) -> list[int]:
+class _Events:
+    """A trace's event lists as arrays, each converted once per timeline (a conversion costs as much as a
+    pass over the events)."""
+
+    def __init__(self, trace: DeviceTrace) -> None:
+        import numpy as np
+
+        made = trace.arrays  # the analysis's own arrays, while the lists are still the ones made from them
+        if made and made[0] is trace.deltas and made[2] is trace.owners:
+            self.deltas, self.owners = made[1], made[3].astype(np.intp, copy=False)
+            return
+        self.deltas = _integers(trace.deltas)  # None: not all int64
+        self.owners = np.asarray(trace.owners, dtype=np.intp)
+
+
+def _top_sites(trace: DeviceTrace, bands: int, events: _Events) -> list[int]:
     """The ``bands`` sites that held the most bytes at once (sites that never held any left out)."""
-    most = _most_at_once(trace)
+    most = _most_at_once(trace, events)
     ranked = sorted(range(len(trace.sites)), key=lambda site: -most[site])
     return [site for site in ranked[:bands] if most[site] > 0]
 
 
-def _most_at_once(trace: DeviceTrace) -> list[int]:
+def _most_at_once(trace: DeviceTrace, events: _Events) -> list[int]:
     """Per site, the most bytes it held at once (at least 0), from cumulative sums grouped by site."""
     import numpy as np
 
     most = [0] * len(trace.sites)
-    deltas = _integers(trace.deltas)
+    deltas = events.deltas
     if deltas is None:  # sizes that are not plain integers: summed as Python does
         live = [0] * len(trace.sites)
         for site, delta in zip(trace.owners, trace.deltas, strict=True):
@@ -58,9 +73,10 @@ def _most_at_once(trace: DeviceTrace) -> list[int]:
                 live[site] += delta
                 most[site] = max(most[site], live[site])
         return most
-    owners = np.asarray(trace.owners, dtype=np.int64)
+    owners = events.owners
     mask = owners != BEFORE
-    order = np.argsort(owners[mask], kind="stable")
+    keys = owners[mask]
+    order = np.argsort(keys.astype(np.int16) if len(trace.sites) < 1 << 15 else keys, kind="stable")  # int16: radix
     grouped, sizes = owners[mask][order], deltas[mask][order]
     if not len(grouped):
         return most
@@ -85,7 +101,8 @@ def _integers(values: list[int]) -> Any:
 
 def build_timeline(trace: DeviceTrace, *, columns: int = 360, bands: int = 8) -> Timeline:
     """Decimate ``trace``'s events into at most ``2 * columns + 1`` points of ``bands`` (+2) bands."""
-    top = _top_sites(trace, bands)
+    events = _Events(trace)
+    top = _top_sites(trace, bands, events)
     band_of = {site: position + 1 for position, site in enumerate(top)}
     other = len(top) + 1 if len(top) < len(trace.sites) else None
     labels = ["before the cell", *(trace.sites[site].label for site in top)] + (["other"] if other else [])
@@ -93,7 +110,7 @@ def build_timeline(trace: DeviceTrace, *, columns: int = 360, bands: int = 8) ->
     state[0] = trace.start_bytes
     origin = trace.first_time or 0.0
     span = max((trace.last_time or origin) - origin, 1e-9)
-    slices = _Slices(trace, [band_of.get(site, other or 0) for site in range(len(trace.sites))], columns)
+    slices = _Slices(trace, [band_of.get(site, other or 0) for site in range(len(trace.sites))], columns, events)
     points = slices.by_arrays(state, origin, span) or slices.by_loop(state, origin, span)
     band_max = [max(point[band] for point in points[1]) for band in range(len(labels))]
     peak_time = None if trace.peak_time is None else trace.peak_time - origin
@@ -103,14 +120,15 @@ def build_timeline(trace: DeviceTrace, *, columns: int = 360, bands: int = 8) ->
 class _Slices:
     """The events cut into slices of time (runs of one column), each kept at its highest moment and its end."""
 
-    def __init__(self, trace: DeviceTrace, bands: list[int], columns: int) -> None:
+    def __init__(self, trace: DeviceTrace, bands: list[int], columns: int, events: _Events | None = None) -> None:
         self.trace, self.bands, self.columns = trace, bands, columns  # bands: the band of each site
+        self.events = events or _Events(trace)
 
     def by_arrays(self, state: list[int], origin: float, span: float) -> tuple[list[float], list[list[int]]] | None:
         """From cumulative sums per band; None where the data do not fit int64 arrays as they are."""
         import numpy as np
 
-        trace, deltas = self.trace, _integers(self.trace.deltas)
+        trace, deltas = self.trace, self.events.deltas
         if deltas is None or not len(deltas) or type(trace.start_bytes) is not int:
             return None
         moments = np.asarray(trace.times, dtype=np.float64)
@@ -124,14 +142,20 @@ class _Slices:
         highest = np.repeat(np.maximum.reduceat(totals, starts), lengths)
         bests = np.minimum.reduceat(np.where(totals == highest, np.arange(len(deltas)), len(deltas)), starts)
         lookup = np.asarray([*self.bands, 0], dtype=np.intp)  # BEFORE (-1) reads the last entry: band 0
-        rows = np.zeros((len(deltas), len(state)), dtype=np.int64)
-        rows[np.arange(len(deltas)), lookup[np.asarray(trace.owners, dtype=np.intp)]] = deltas
+        ends = starts + lengths - 1
+        # Each band's bytes are read only after the events in `read`: every event's bytes are summed into
+        # the first of them at or after it, then those sums are accumulated (no row per event).
+        read = np.union1d(bests, ends)  # ends holds the last event: every event is summed into one
+        width = len(state)
+        sums = np.zeros(len(read) * width, dtype=np.int64)
+        np.add.at(sums, np.searchsorted(read, np.arange(len(deltas))) * width + lookup[self.events.owners], deltas)
+        rows = sums.reshape(len(read), width)
         np.cumsum(rows, axis=0, out=rows)
         rows += np.asarray(state, dtype=np.int64)
         times, values = [0.0], [list(state)]
-        ends = starts + lengths - 1
+        best_rows, end_rows = rows[np.searchsorted(read, bests)], rows[np.searchsorted(read, ends)]
         for best, end, best_state, end_state in zip(
-            bests.tolist(), ends.tolist(), rows[bests].tolist(), rows[ends].tolist(), strict=True
+            bests.tolist(), ends.tolist(), best_rows.tolist(), end_rows.tolist(), strict=True
         ):
             times.append(trace.times[best] - origin)
             values.append(best_state)
@@ -191,16 +215,13 @@ def render_svg(timeline: Timeline, element_id: str) -> str:
         ),
         f"<title>GPU memory allocated during the cell, by site; peak {format_bytes(timeline.peak_bytes)}</title>",
     ]
-    heights: dict[int, float] = {}  # value -> y, each rounded once (flat bands repeat their values)
+    heights: dict[int, str] = {}  # value -> its y as written, each once (flat bands repeat their values)
+    at_x = [f"{x}," for x in xs]
 
     def edge(values: list[int]) -> list[str]:
-        found = []
-        for x, value in zip(xs, values, strict=True):
-            height = heights.get(value)
-            if height is None:
-                height = heights[value] = y(value)
-            found.append(f"{x},{height}")
-        return found
+        for value in set(values).difference(heights):
+            heights[value] = f"{y(value)}"
+        return list(map(str.__add__, at_x, map(heights.__getitem__, values)))
 
     lower = [0] * len(xs)
     lower_edge: list[str] | None = None  # the previous band's top edge, once drawn
