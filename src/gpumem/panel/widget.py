@@ -294,12 +294,18 @@ class Panel(PanelView):
         self._stats = self._stats._replace(views=self._views.shown(), visible=visible)
         if not force and (self._paused or not visible):
             return now + IDLE_WAIT_S
-        if force or self._schedule.header_due(now):
+        schedule = self._schedule
+        header_interval = 1.0 / self._options.rate_hz
+        # When the curves come at least every other header interval, the header goes with them: one
+        # wake-up of this thread instead of two (each costs a GIL hand-off from a busy main thread).
+        rides = self._stats.last_interval_s <= 2 * header_interval and schedule.next_header != 0.0
+        curves_due = force or schedule.curves_due(now)
+        if force or (schedule.header_due(now) and (curves_due or not rides)):
             self._push_header()
-            self._schedule.pushed_header(now, 1.0 / self._options.rate_hz)
-        if force or self._schedule.curves_due(now):
-            self._schedule.pushed_curves(now, self._push_curves(now))
-        return self._schedule.next_due
+            schedule.pushed_header(now, header_interval)
+        if curves_due:
+            schedule.pushed_curves(now, self._push_curves(now))
+        return schedule.next_curves if rides and schedule.next_header != 0.0 else schedule.next_due
 
     # One handler per command (writer thread) -------------------------------------------------------
     def _on_refresh(self, command: Refresh) -> None:
