@@ -154,6 +154,20 @@ def gpumem_loaded(shell: InteractiveShell, source: Any = None) -> Iterator[Inter
 
 
 @pytest.fixture
+def fake_monitor() -> Iterator[Any]:
+    """A monitor over gpumem's fake allocator as the default one (what the extension loads), for the test."""
+    from gpumem.core.monitor import Monitor, set_default_monitor
+    from gpumem.testing import FakeSource
+
+    monitor = Monitor(FakeSource())
+    set_default_monitor(monitor)
+    try:
+        yield monitor
+    finally:
+        set_default_monitor(None)
+
+
+@pytest.fixture
 def gpu(ip: InteractiveShell) -> Iterator[InteractiveShell]:
     """The shell with ``torch`` and ``MIB`` in its namespace, CUDA initialized on device 0, its cache emptied and
     gpumem loaded.

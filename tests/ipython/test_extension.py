@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,24 +13,13 @@ import pytest
 from IPython.core.error import UsageError
 
 from _harness import JupyterEnv, make_notebook, run_cell_capture, run_notebook
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitor import Monitor
 from gpumem.ipython import extension as _extension
 from gpumem.ipython.cell_magic import HeaderTransformer
 from gpumem.ipython.hooks import CellHooks
 from gpumem.ipython.magics import GpuMemMagics
-from gpumem.testing import FakeSource
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-@pytest.fixture
-def fake_monitor() -> Iterator[Monitor]:
-    monitor = Monitor(FakeSource())
-    set_default_monitor(monitor)
-    try:
-        yield monitor
-    finally:
-        set_default_monitor(None)
 
 
 def hook_counts(shell: Any) -> dict[str, int]:

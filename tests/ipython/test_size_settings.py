@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from _harness import run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitor import Monitor
 from gpumem.ipython import extension as _extension
-from gpumem.testing import FakeSource
 
 MIB = 1 << 20
-
-
-@pytest.fixture
-def fake_monitor() -> Iterator[Monitor]:
-    monitor = Monitor(FakeSource())
-    set_default_monitor(monitor)
-    try:
-        yield monitor
-    finally:
-        set_default_monitor(None)
 
 
 def test_sizes_in_the_config_reach_the_tracker(ip: Any, fake_monitor: Monitor) -> None:

@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -146,18 +146,16 @@ def session_to_json(data: SessionData) -> dict[str, Any]:
 
 def _store_to_json(store: Mapping[str, Any]) -> dict[str, Any]:
     """NaN (not measured) as null, as in the timeline's columns."""
-    levels = []
-    for level in store["levels"]:
-        columns = {name: [_number(v) for v in values] for name, values in level["columns"].items()}
-        opened = level["open"]
-        if opened is not None:
-            opened = {
-                **opened,
-                "low": [_number(v) for v in opened["low"]],
-                "high": [_number(v) for v in opened["high"]],
-            }
-        levels.append({**level, "columns": columns, "open": opened})
-    return {**store, "levels": levels}
+    return {**store, "levels": [_level_numbers(level, _number) for level in store["levels"]]}
+
+
+def _level_numbers(level: Mapping[str, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
+    """One level of the store with ``convert`` applied to every value of its columns and open bucket."""
+    columns = {name: [convert(v) for v in values] for name, values in level["columns"].items()}
+    opened = level["open"]
+    if opened is not None:
+        opened = {**opened, "low": [convert(v) for v in opened["low"]], "high": [convert(v) for v in opened["high"]]}
+    return {**level, "columns": columns, "open": opened}
 
 
 def _store_from_json(value: Any) -> dict[str, Any] | None:
@@ -167,15 +165,7 @@ def _store_from_json(value: Any) -> dict[str, Any] | None:
     try:
         levels = []
         for level in value["levels"]:
-            columns = {name: [_float(v) for v in values] for name, values in level["columns"].items()}
-            opened = level["open"]
-            if opened is not None:
-                opened = {
-                    **opened,
-                    "low": [_float(v) for v in opened["low"]],
-                    "high": [_float(v) for v in opened["high"]],
-                }
-            levels.append({**level, "columns": columns, "open": opened})
+            levels.append(_level_numbers(level, _float))
             _check_capacity(len(levels) - 1, level["capacity"])  # before its rows are allocated
         store = {**value, "levels": levels}
         Timeline.from_state(store)

@@ -315,7 +315,8 @@ class CellTracker:
             if cell in self._active:
                 self._active.remove(cell)
         cell.take_sample(end)
-        self.monitor.release(_claim_of(cell))
+        if cell.options.mode != "auto":  # only a cell measured on purpose asked for a faster rate
+            self.monitor.release(_claim_of(cell))
         return end
 
     def standing_conditions(
