@@ -8,7 +8,8 @@ that ``bench_threads.py`` and ``profile_writer.py`` rely on (widgets publishing 
    allocator whose allocations change every 50 ms (``bench_panel._fake_driver``) as the default
    monitor, ``%load_ext gpumem``, ``%gpumem monitor`` inline and ``%gpumem sidebar``: both views live.
    After ``--settle`` s a cell sleeps ``--seconds`` (main thread idle) while each gpumem thread's CPU
-   clock and the panels' stats are read; the page counts what arrives on the kernel websocket.
+   clock (and that of ipykernel's IOPub thread, which does the zmq send of their messages) and the
+   panels' stats are read; the page counts what arrives on the kernel websocket.
 2. Emulated, in this process: the same monitor and driver, ``bench_threads.threads_on`` (one panel, one
    reported view, a confirmed status comm) plus a compact sidebar panel with one view, CommRecorder
    counting the bytes; the same settle and seconds. Twice: while the page, the server and the kernel
@@ -41,6 +42,8 @@ REPO = BENCH_DIR.parent
 
 SIDEBAR_PANEL = "#gpumem-sidebar .gpumem-panel"
 MARK = "BROWSER-THREADS "
+# ipykernel's thread that does the zmq send of every message the others publish (none when emulated).
+IOPUB = "IOPub"
 
 
 def driven_monitor(stop: threading.Event | None = None) -> Any:
@@ -68,9 +71,10 @@ def _panel_stats() -> list[dict[str, Any]]:
 def measure_threads(seconds: float) -> dict[str, Any]:
     """Each gpumem thread's CPU seconds per wall second and the panels' pushes, over ``seconds`` of sleep."""
     stats_before = _panel_stats()
-    before, began = bench_threads.thread_cpu_s(), time.monotonic()
+    names = (*bench_threads.THREAD_NAMES, IOPUB)
+    before, began = bench_threads.thread_cpu_s(names), time.monotonic()
     time.sleep(seconds)  # the main thread idle: the threads' own work, no GIL contention
-    after, wall_s = bench_threads.thread_cpu_s(), time.monotonic() - began
+    after, wall_s = bench_threads.thread_cpu_s(names), time.monotonic() - began
     stats_after = _panel_stats()
     panels = [
         {
@@ -195,6 +199,10 @@ def _pushes(run: dict[str, Any], key: str) -> str:
     return " + ".join(f"{panel[key]:.2f}" for panel in run["panels"]) or "none"
 
 
+def _iopub(run: dict[str, Any]) -> str:
+    return f"{run['cpu_ms_per_s'][IOPUB]:.3f}" if IOPUB in run["cpu_ms_per_s"] else "none (no kernel)"
+
+
 def _row(label: str, *cells: str) -> str:
     return f"| {label} | {' | '.join(cells)} |"
 
@@ -217,6 +225,7 @@ def markdown(report: dict[str, Any]) -> list[str]:
         _row(f"{name}, CPU ms per s", *(f"{run['cpu_ms_per_s'].get(name, 0.0):.3f}" for run in runs))
         for name in bench_threads.THREAD_NAMES
     ]
+    lines.append(_row(f"ipykernel's {IOPUB} thread, CPU ms per s", *(_iopub(run) for run in runs)))
     for label, key in (("curve pushes per s", "curve_pushes_per_s"), ("header pushes per s", "header_pushes_per_s")):
         lines.append(_row(f"{label} (inline + sidebar)", *(_pushes(run, key) for run in runs)))
     lines += [
