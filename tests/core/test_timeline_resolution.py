@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gpumem.core.timeline import DEFAULT_LEVELS, Level, Timeline
+from gpumem.core.timeline import DEFAULT_LEVELS, Level, Series, Timeline
 
 INF = math.inf
 
@@ -86,9 +86,15 @@ def _timeline(samples, levels=DEFAULT_LEVELS):
 _LEVELS = (Level(0.0, 25), Level(1.0, 12), Level(5.0, 10_000))
 
 
+def _same_series(a, b):
+    same_lines = a.values.keys() == b.values.keys() and all(_same(a.values[n], b.values[n]) for n in a.values)
+    return a.times == b.times and same_lines
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_a_resolution_read_is_each_buckets_envelope_of_the_raw_samples(seed):
     rng = random.Random(seed)
+    read_from = {"buckets": 0, "finest": 0}
     for _ in range(12):
         samples = _random_samples(rng, rng.randint(1, 300))
         timeline = _timeline(samples, _LEVELS)
@@ -96,12 +102,19 @@ def test_a_resolution_read_is_each_buckets_envelope_of_the_raw_samples(seed):
         windows = [(-INF, INF), (rng.uniform(first, last), INF), (rng.uniform(first, last), last - 0.01)]
         for level, resolution_s in ((1, 1.0), (1, 4.99), (2, 5.0), (2, 1e9), (2, INF)):
             for start_s, end_s in windows:
-                series = timeline.window(start_s, end_s, 10**6, resolution_s=resolution_s)
-                buckets = _model(samples, _LEVELS, level, start_s, end_s)
-                times, rows = _expected(samples, buckets, ["a", "b"], start_s, end_s)
+                times, rows = _expected(samples, _model(samples, _LEVELS, level, start_s, end_s), "ab", start_s, end_s)
+                max_points = max(4, len(times))  # room for every bucket's two points
+                series = timeline.window(start_s, end_s, max_points, resolution_s=resolution_s)
+                finest = timeline.window(start_s, end_s, 10**6)
+                if len(finest.times) <= max_points:  # fits as it is: every sample at its own time
+                    read_from["finest"] += 1
+                    assert _same_series(series, finest), (seed, level, start_s, end_s)
+                    continue
+                read_from["buckets"] += 1
                 assert series.times == times, (seed, level, start_s, end_s)
                 for name in ("a", "b"):
                     assert _same(series.values[name], rows[name]), (seed, level, name, start_s, end_s)
+    assert read_from["buckets"] >= 50 and read_from["finest"] >= 1, read_from
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -109,44 +122,54 @@ def test_a_resolution_finer_than_the_first_buckets_reads_raw_samples(seed):
     samples = _random_samples(random.Random(seed), 200)
     timeline = _timeline(samples, _LEVELS)
     for start_s in (-INF, samples[150][0]):
-        raw = timeline.window(start_s, max_points=10**6)
+        raw = timeline.window(start_s, max_points=10)
         for resolution_s in (0.0, 0.5, 0.999, 1.0):
-            series = timeline.window(start_s, max_points=10**6, resolution_s=resolution_s)
-            same = series.times == raw.times and all(_same(series.values[n], raw.values[n]) for n in "ab")
-            assert same == (resolution_s < 1.0), resolution_s
+            series = timeline.window(start_s, max_points=10, resolution_s=resolution_s)
+            assert _same_series(series, raw) == (resolution_s < 1.0), resolution_s
 
 
-def test_ten_minutes_at_2_hz_read_from_1s_buckets_need_no_decimation():
-    samples = [(1_000.0 + i * 0.5, {"v": float(i % 5), "w": float(i // 3)}) for i in range(7_200)]
-    samples[7_000] = (samples[7_000][0], {"v": 99.0, "w": -1.0})
+def test_ten_minutes_at_10_hz_read_from_1s_buckets_need_no_decimation():
+    samples = [(1_000.0 + i * 0.1, {"v": float(i % 5), "w": float(i // 3)}) for i in range(36_000)]
+    samples[35_000] = (samples[35_000][0], {"v": 99.0, "w": -1.0})
+    samples[-1] = (samples[-1][0], {"v": 50.0, "w": 0.0})
     timeline = _timeline(samples)
     end_s = samples[-1][0]
     start_s = end_s - 600.0
     series = timeline.window(start_s, end_s, 1_250, resolution_s=1.2)
     assert len(series.times) == 1_202  # 601 buckets (the first straddles the start), two points each
-    times, rows = _expected(samples, [(1.0, key) for key in range(math.floor(start_s), math.floor(end_s) + 1)], "vw",
-                            start_s, end_s)  # fmt: skip
-    assert series == (times, rows)
-    assert series.times[-1] == end_s  # drawn up to the newest sample, not past it
-    assert series.values["v"][-2:] == [3.0, 4.0]  # the newest second's two samples, in order
+    buckets = [(1.0, key) for key in range(math.floor(start_s), math.floor(end_s) + 1)]
+    assert _same_series(series, Series(*_expected(samples, buckets, "vw", start_s, end_s)))
+    assert series.times[-2:] == [math.floor(end_s), math.floor(end_s) + 0.5]  # the newest second, still open
+    assert series.values["v"][-2:] == [0.0, 50.0]  # its extremes in order: the newest sample is drawn
     assert max(series.values["v"]) == 99.0
     assert min(series.values["w"]) == -1.0
 
 
-def test_the_hand_over_to_30s_buckets_for_old_times():
-    """6 h 20 min at 1 Hz: the 1 s level has dropped its first ~20 min, which only 30 s buckets hold."""
-    count = 21_600 + 1_200
-    samples = [(float(i), {"v": 99.0 if i == 300 else -7.0 if i == 1_500 else float(i % 3)}) for i in range(count)]
+def test_ten_minutes_at_2_hz_fit_as_they_are():
+    samples = [(1_000.0 + i * 0.5, {"v": float(i % 5)}) for i in range(7_200)]
     timeline = _timeline(samples)
-    lost = count - 2 - 21_600  # the newest 1 s bucket its ring dropped (the newest bucket is still open)
+    end_s = samples[-1][0]
+    series = timeline.window(end_s - 600.0, end_s, 1_250, resolution_s=1.2)
+    assert series == timeline.window(end_s - 600.0, end_s, 10**6)
+    assert series.times == [t for t, _ in samples[-1_201:]]
+
+
+def test_the_hand_over_to_30s_buckets_for_old_times():
+    """6 h 20 min at 4 Hz: the 1 s level has dropped its first ~20 min, which only 30 s buckets hold."""
+    seconds = 21_600 + 1_200
+    samples = [(i / 4, {"v": 99.0 if i == 1_201 else -7.0 if i == 6_003 else float(i % 3)}) for i in range(4 * seconds)]
+    timeline = _timeline(samples)
+    lost = seconds - 2 - 21_600  # the newest 1 s bucket its ring dropped (the newest bucket is still open)
     handover = lost // 30
     buckets = [(30.0, key) for key in range(handover + 1)]
-    buckets += [(1.0, key) for key in range((handover + 1) * 30, count)]
-    series = timeline.window(max_points=10**6, resolution_s=1.0)
-    assert series == _expected(samples, buckets, "v")
+    buckets += [(1.0, key) for key in range((handover + 1) * 30, seconds)]
+    expected = Series(*_expected(samples, buckets, "v"))
+    series = timeline.window(max_points=len(expected.times), resolution_s=1.0)
+    assert len(timeline.window(max_points=10**6).times) > len(expected.times)  # so the buckets are read
+    assert series == expected
     assert max(series.values["v"]) == 99.0
     assert min(series.values["v"]) == -7.0
-    assert timeline.window(300.0, 300.0, resolution_s=1.0).values["v"] == [99.0, 0.0]  # its 30 s bucket, whole
+    assert timeline.window(300.0, 300.0, 4, resolution_s=1.0).values["v"] == [0.0, 99.0]  # its 30 s bucket, whole
     old = timeline.window(0.0, 3_000.0, 4, resolution_s=1.0)
     assert max(old.values["v"]) == 99.0
     assert min(old.values["v"]) == -7.0
@@ -157,15 +180,21 @@ def test_an_empty_timeline_and_a_single_sample():
     assert timeline.window(resolution_s=1.0) == ([], {})
     assert timeline.window_arrays(resolution_s=30.0).times.size == 0
     timeline.append(3.2, {"v": 5.0})
-    assert timeline.window(resolution_s=1.0) == ([3.0, 3.2], {"v": [5.0, 5.0]})
-    assert timeline.window(resolution_s=30.0) == ([0.0, 3.2], {"v": [5.0, 5.0]})
-    assert timeline.window(3.1, resolution_s=1.0) == ([3.1, 3.2], {"v": [5.0, 5.0]})
-    assert timeline.window(3.3, resolution_s=1.0) == ([3.3, 3.3], {"v": [5.0, 5.0]})  # its bucket overlaps
-    assert timeline.window(4.0, resolution_s=1.0) == ([], {"v": []})
-    assert timeline.window(resolution_s=0.5) == ([3.2], {"v": [5.0]})
+    for resolution_s in (0.5, 1.0, 30.0):
+        assert timeline.window(resolution_s=resolution_s) == ([3.2], {"v": [5.0]})
+        assert timeline.window(3.3, resolution_s=resolution_s) == ([], {"v": []})
 
 
 @pytest.mark.parametrize("resolution_s", [-1.0, math.nan, -INF])
 def test_a_resolution_that_is_no_duration_is_refused(resolution_s):
     with pytest.raises(ValueError, match="resolution_s must be"):
         Timeline().window(resolution_s=resolution_s)
+
+
+def test_the_open_buckets_middle_point_is_not_drawn_after_the_newest_sample():
+    timeline = _timeline([(i / 10, {"v": float(i)}) for i in range(103)], _LEVELS)  # 0 s to 10.2 s
+    series = timeline.window(max_points=30, resolution_s=1.0)
+    assert len(series.times) == 22  # 11 buckets rather than 103 samples
+    assert series.times[-2:] == [10.0, 10.2]
+    assert series.values["v"][-2:] == [100.0, 102.0]
+    assert timeline.window(0.0, 10.1, 30, resolution_s=1.0).times[-2:] == [10.0, 10.1]  # the window's end

@@ -9,9 +9,10 @@ takes the closed buckets of the level below it. A coarse bucket is therefore exa
 finer ones, and a hand-over between two levels always falls on an edge both of them share. A
 window is read, stretch by stretch, from the finest level that still holds all of that stretch;
 the bucket that straddles a hand-over is taken whole from the coarser level, so nothing the finer
-level has already lost goes missing. A read may ask for a coarser resolution: it then starts from
-the coarsest level whose buckets are no longer than that (whose closed and open buckets, with what
-the finer open buckets hold, cover everything up to the newest sample), and skips the finer ones.
+level has already lost goes missing. A read that would give too many points may ask for a coarser
+resolution: it then starts from the coarsest level whose buckets are no longer than that (whose
+closed and open buckets, with what the finer open buckets hold, cover everything up to the newest
+sample), and skips the finer ones.
 
 Storage is preallocated per level (:mod:`gpumem.core.rings`): a ring of float64 keys and a float64
 column per channel, so that appending writes scalars. Windows are read through numpy views of those
@@ -230,9 +231,10 @@ class Timeline:
 
         Buckets that overlap the window count whole, their points placed inside it. ``channels``
         picks the lines to read (those the timeline has, in that order); None reads them all.
-        ``resolution_s`` lets the read take, for every stretch of time, the coarsest level whose
-        buckets are at most that long (two points per bucket, its extremes in order) instead of
-        finer ones: a window that needs no more points than that is read without decimating.
+        When the finest levels would give more than ``max_points``, ``resolution_s`` lets the read
+        take, for every stretch of time, the coarsest level whose buckets are at most that long (two
+        points per bucket, its extremes in order) instead: a window that then fits in ``max_points``
+        is read without decimating. Windows that fit as they are keep every sample's own time.
         """
         arrays = self.window_arrays(start_s, end_s, max_points, channels, resolution_s=resolution_s)
         rows = arrays.values.tolist()
@@ -263,17 +265,24 @@ class Timeline:
             names = self._channels if channels is None else [c for c in dict.fromkeys(channels) if c in self._index]
             # No point is drawn after the newest sample (a bucket's second one is placed at its middle).
             drawn_until_s = max(start_s, min(end_s, self._last_time))
-            points = Points([self._index[name] for name in names], start_s, drawn_until_s)
-            plan = self._plan(first)
+            picks = [self._index[name] for name in names]
             tails = self._tails()
-            for index in reversed(range(len(plan))):
-                upper = plan[index - 1].lower if index else None
-                self._read(plan[index], upper[1] if upper else None, tails[plan[index].level], points)
+            points = self._gather(0, tails, Points(picks, start_s, drawn_until_s))
+            if first and points.size > max_points:  # too many to send as they are: read coarser buckets
+                points = self._gather(first, tails, Points(picks, start_s, drawn_until_s))
             if self._scratch is None:
                 self._scratch = Scratch()
             times, values = points.arrays(self._scratch)
             times, values = decimate(times, values, max_points, self._scratch)  # new arrays, shared with nothing
             return ArraySeries(times, values, tuple(names))
+
+    def _gather(self, level: int, tails: list[list[tuple[int, Row]]], points: Points) -> Points:
+        """Add to ``points`` the rows the window takes, from ``level`` and the coarser levels."""
+        plan = self._plan(level)
+        for index in reversed(range(len(plan))):
+            upper = plan[index - 1].lower if index else None
+            self._read(plan[index], upper[1] if upper else None, tails[plan[index].level], points)
+        return points
 
     def _plan(self, level: int) -> list[_Stretch]:
         """Finest first, from ``level`` on: the stretches of time each level supplies (see the module docstring)."""
