@@ -52,8 +52,8 @@ DEFAULT_RATE_HZ = 2.0
 MIN_RATE_HZ = 0.2
 MAX_RATE_HZ = 10.0
 # A line is drawn across ~1000 px: min/max pairs at one per pixel keep every peak visible. The default
-# 10-minute window, read from 1 s buckets (two points each, the first one straddling the window's start),
-# is at most 1202 points: sent as read, with no decimation to do.
+# 10-minute window is at most 1202 points, sent as read with no decimation to do: 1201 samples at 2 Hz,
+# or, sampled faster, 601 one-second buckets of two points each (the first straddles the window's start).
 DEFAULT_POINTS_PER_LINE = 1250
 MIN_POINTS_PER_LINE = 4
 MAX_POINTS_PER_LINE = 2000
