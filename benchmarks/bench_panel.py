@@ -46,10 +46,10 @@ def _thread_cpu_s(name: str) -> float:
     return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
 
 
-def _prefill(monitor: Monitor, seconds: float) -> None:
-    """Record ``seconds`` of history at the sampler's rate, as if the panel had been open that long."""
+def _prefill(monitor: Monitor, seconds: float, rate_hz: float = DEFAULT_RATE_HZ) -> None:
+    """Record ``seconds`` of history at ``rate_hz`` (the sampler's), as if the panel had been open that long."""
     now = time.monotonic()
-    count = int(seconds * DEFAULT_RATE_HZ)
+    count = int(seconds * rate_hz)
     snapshot = monitor.source.snapshot()
     for i in range(count):
         values: dict[str, float] = {}
@@ -61,7 +61,7 @@ def _prefill(monitor: Monitor, seconds: float) -> None:
             values[f"cuda:{device.device}/used"] = device.used_bytes + 2 * wobble
         if snapshot.host is not None:
             values["host/rss"] = snapshot.host.rss_bytes + wobble
-        monitor.timeline.append(now - (count - i) / DEFAULT_RATE_HZ, values)
+        monitor.timeline.append(now - (count - i) / rate_hz, values)
 
 
 def _fake_driver(source: FakeSource, devices: int, stop: threading.Event) -> None:

@@ -9,7 +9,7 @@ read it for shares, not for cost). ``--history 600`` records a full 10-minute wi
 line carries as many points as it ever will. The main thread only sleeps: no GIL contention, unlike
 ``bench_threads.py``, so the figures are each thread's own work.
 
-    python benchmarks/profile_writer.py [--seconds 20] [--history 600] [--profile]
+    python benchmarks/profile_writer.py [--seconds 20] [--history 600] [--history-rate 2] [--profile]
 """
 
 from __future__ import annotations
@@ -50,15 +50,16 @@ def _writer_services(panel_class: Any, profiler: cProfile.Profile | None) -> lis
     return costs
 
 
-def _prefill_monitors(history_s: float) -> None:
-    """Have bench_threads' monitor start with ``history_s`` of varying samples (a full window's points)."""
+def _prefill_monitors(history_s: float, rate_hz: float) -> None:
+    """Have bench_threads' monitor start with ``history_s`` of varying samples at ``rate_hz`` (a full window's
+    points; 10 Hz is the rate while a measured cell runs, whose window is read from 1 s buckets)."""
     import bench_panel
 
     make = bench_threads.make_monitor
 
     def make_prefilled(cuda: bool) -> Any:
         monitor = make(cuda)
-        bench_panel._prefill(monitor, history_s)
+        bench_panel._prefill(monitor, history_s, rate_hz)
         return monitor
 
     bench_threads.make_monitor = make_prefilled
@@ -70,6 +71,7 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--history", type=float, default=0.0, help="seconds of samples recorded before opening")
+    parser.add_argument("--history-rate", type=float, default=2.0, help="samples per second in that history")
     args = parser.parse_args()
     from gpumem.panel.traffic import CommRecorder
     from gpumem.panel.widget import Panel
@@ -78,7 +80,7 @@ def main() -> int:
     costs = _writer_services(Panel, profiler)
     probe = bench_threads.Probe(1.0)
     if args.history:
-        _prefill_monitors(args.history)
+        _prefill_monitors(args.history, args.history_rate)
     with CommRecorder() as recorder, bench_threads.threads_on(probe, cuda=False, settle_s=args.settle):
         skipped = len(costs)
         before, began = bench_threads.thread_cpu_s(), time.monotonic()

@@ -22,8 +22,8 @@ from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.monitor import Monitor
 from gpumem.core.timeline import Timeline
 from gpumem.ipython import panel_magics as widget
-from gpumem.panel.curves import build_curve_frame, curve_interval_s, nice_axis
-from gpumem.panel.options import PanelOptions, parse_rate, parse_threshold, parse_window
+from gpumem.panel.curves import build_curve_frame, curve_interval_s, nice_axis, read_resolution_s
+from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_rate, parse_threshold, parse_window
 from gpumem.panel.readings import PeakTracker
 from gpumem.panel.traffic import CommRecorder
 from gpumem.panel.widget import Panel, close_all
@@ -330,7 +330,9 @@ def test_lines_stay_within_2k_points_and_keep_every_peak() -> None:
         assert float(frame.y[0].max()) == pytest.approx(50.0)  # the one-sample spike survives decimation
         assert float(frame.y[0].min()) == pytest.approx(1.0)
     frame = build_curve_frame(timeline, PanelOptions(window_s=600), now, 0.0, {})
-    assert frame.points_per_line <= 1000
+    assert frame.points_per_line == 2 * (math.floor(now) - math.floor(now - 600) + 1)  # 1 s buckets, as read
+    assert frame.points_per_line <= DEFAULT_POINTS_PER_LINE
+    assert float(frame.y[0].max()) == pytest.approx(50.0)
 
 
 def test_curves_are_read_from_the_monitors_timeline() -> None:
@@ -347,13 +349,15 @@ def test_curves_are_read_from_the_monitors_timeline() -> None:
     end = rows[-1][0]
     for window_s in (30.0, 600.0):
         frame = build_curve_frame(timeline, PanelOptions(window_s=window_s), end, 0.0, {})
-        series = timeline.window(end - window_s, end, 1000)
-        assert frame.points_per_line <= 1000
+        series = timeline.window(end - window_s, end, 1_250, resolution_s=read_resolution_s(window_s))
+        assert frame.points_per_line == len(series.times) <= DEFAULT_POINTS_PER_LINE == 1_250
         assert (frame.x_ms / 1000.0).tolist() == pytest.approx(series.times)
         for row, curve in zip(frame.y, frame.curves, strict=True):
             assert (row * frame.unit_bytes).tolist() == pytest.approx(series.values[curve.channel], rel=1e-6)
         assert np.all(np.diff(frame.x_ms) >= 0)
-        raw = [v for t, v in rows if t >= end - window_s]
+        # A 1 s bucket that straddles the window's start counts whole (drawn at the start).
+        since = math.floor(end - window_s) if read_resolution_s(window_s) >= 1 else end - window_s
+        raw = [v for t, v in rows if t >= since]
         for line, channel in enumerate(("cuda:0/allocated", "cuda:0/reserved")):
             values = [v[channel] for v in raw]
             assert float(frame.y[line].max()) * frame.unit_bytes == pytest.approx(max(values), rel=1e-6)
@@ -602,6 +606,22 @@ def test_traffic_stays_within_budget_by_construction(
     options = PanelOptions()
     assert curve_interval_s(options, 0) >= 1 / options.rate_hz
     assert math.isclose(curve_interval_s(options, 72_000), 2.0)
+
+
+def test_windows_are_read_from_buckets_of_at_most_two_pixels() -> None:
+    """A 1 s bucket is two points: 10 minutes read 1 s buckets, 1 minute raw samples, "all" what is kept."""
+    assert [read_resolution_s(s) for s in (60.0, 600.0, 3600.0, None)] == pytest.approx([0.12, 1.2, 7.2, 0.0])
+    timeline = Timeline()
+    now = 10_000.5
+    for i in range(6_000):  # 10 minutes at 10 Hz
+        timeline.append(now - 600 + i * 0.1, {"cuda:0/allocated": float(i % 9) * GIB, "cuda:0/reserved": 9.0 * GIB})
+    frame = build_curve_frame(timeline, PanelOptions(), now, 0.0, {})
+    assert frame.points_per_line == 1_202  # 601 buckets of 1 s, sent as read
+    assert frame.payload_bytes == 1_202 * (8 + 2 * 4) + 6 * 900
+    assert math.isclose(curve_interval_s(PanelOptions(), frame.payload_bytes), frame.payload_bytes / 36_000)
+    minute = build_curve_frame(timeline, PanelOptions(window_s=60.0), now, 0.0, {})
+    assert minute.points_per_line == 600  # raw samples
+    assert (minute.x_ms / 1000).tolist() == pytest.approx([now - 600 + i * 0.1 for i in range(5_400, 6_000)])
 
 
 def test_the_panel_asks_for_one_sample_per_pixel_of_its_window(fake: tuple[FakeSource, Monitor]) -> None:

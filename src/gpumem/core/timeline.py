@@ -9,7 +9,10 @@ takes the closed buckets of the level below it. A coarse bucket is therefore exa
 finer ones, and a hand-over between two levels always falls on an edge both of them share. A
 window is read, stretch by stretch, from the finest level that still holds all of that stretch;
 the bucket that straddles a hand-over is taken whole from the coarser level, so nothing the finer
-level has already lost goes missing.
+level has already lost goes missing. A read that would give too many points may ask for a coarser
+resolution: it then starts from the coarsest level whose buckets are no longer than that (whose
+closed and open buckets, with what the finer open buckets hold, cover everything up to the newest
+sample), and skips the finer ones.
 
 Storage is preallocated per level (:mod:`gpumem.core.rings`): a ring of float64 keys and a float64
 column per channel, so that appending writes scalars. Windows are read through numpy views of those
@@ -221,13 +224,19 @@ class Timeline:
         end_s: float = math.inf,
         max_points: int = 2_000,
         channels: Sequence[str] | None = None,
+        *,
+        resolution_s: float = 0.0,
     ) -> Series:
         """Samples in ``[start_s, end_s]`` at the finest resolution kept, at most ``max_points`` per line.
 
         Buckets that overlap the window count whole, their points placed inside it. ``channels``
         picks the lines to read (those the timeline has, in that order); None reads them all.
+        When the finest levels would give more than ``max_points``, ``resolution_s`` lets the read
+        take, for every stretch of time, the coarsest level whose buckets are at most that long (two
+        points per bucket, its extremes in order) instead: a window that then fits in ``max_points``
+        is read without decimating. Windows that fit as they are keep every sample's own time.
         """
-        arrays = self.window_arrays(start_s, end_s, max_points, channels)
+        arrays = self.window_arrays(start_s, end_s, max_points, channels, resolution_s=resolution_s)
         rows = arrays.values.tolist()
         return Series(arrays.times.tolist(), dict(zip(arrays.channels, rows, strict=True)))
 
@@ -237,6 +246,8 @@ class Timeline:
         end_s: float = math.inf,
         max_points: int = 2_000,
         channels: Sequence[str] | None = None,
+        *,
+        resolution_s: float = 0.0,
     ) -> ArraySeries:
         """:meth:`window` as numpy arrays, for a caller that computes on them (the panel).
 
@@ -245,26 +256,37 @@ class Timeline:
         from gpumem.core.windows import Points, Scratch, decimate
 
         _check_max_points(max_points)
+        if not resolution_s >= 0.0:
+            raise ValueError(f"resolution_s must be a number of seconds, at least 0, not {resolution_s!r}")
+        first = max(i for i, level in enumerate(self._levels) if level.span_s <= resolution_s)
         if isinstance(channels, str):
             raise TypeError(f"channels must be a sequence of channel names, not the string {channels!r}")
         with self._lock:
             names = self._channels if channels is None else [c for c in dict.fromkeys(channels) if c in self._index]
-            points = Points([self._index[name] for name in names], start_s, end_s)
-            plan = self._plan()
+            # No point is drawn after the newest sample (a bucket's second one is placed at its middle).
+            drawn_until_s = max(start_s, min(end_s, self._last_time))
+            picks = [self._index[name] for name in names]
             tails = self._tails()
-            for index in reversed(range(len(plan))):
-                upper = plan[index - 1].lower if index else None
-                self._read(plan[index], upper[1] if upper else None, tails[plan[index].level], points)
+            points = self._gather(0, tails, Points(picks, start_s, drawn_until_s))
+            if first and points.size > max_points:  # too many to send as they are: read coarser buckets
+                points = self._gather(first, tails, Points(picks, start_s, drawn_until_s))
             if self._scratch is None:
                 self._scratch = Scratch()
             times, values = points.arrays(self._scratch)
             times, values = decimate(times, values, max_points, self._scratch)  # new arrays, shared with nothing
             return ArraySeries(times, values, tuple(names))
 
-    def _plan(self) -> list[_Stretch]:
-        """Finest first: the stretches of time each level supplies (see the module docstring)."""
+    def _gather(self, level: int, tails: list[list[tuple[int, Row]]], points: Points) -> Points:
+        """Add to ``points`` the rows the window takes, from ``level`` and the coarser levels."""
+        plan = self._plan(level)
+        for index in reversed(range(len(plan))):
+            upper = plan[index - 1].lower if index else None
+            self._read(plan[index], upper[1] if upper else None, tails[plan[index].level], points)
+        return points
+
+    def _plan(self, level: int) -> list[_Stretch]:
+        """Finest first, from ``level`` on: the stretches of time each level supplies (see the module docstring)."""
         plan: list[_Stretch] = []
-        level = 0
         while True:
             lower = self._handover(level)
             plan.append(_Stretch(level, lower))

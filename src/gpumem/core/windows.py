@@ -128,6 +128,11 @@ class Points:
         self._parts: list[tuple[Ring, int, int, float] | _Open] = []
         self._size = 0
 
+    @property
+    def size(self) -> int:
+        """Points per line added so far."""
+        return self._size
+
     def add_samples(self, ring: Ring, lo: int, hi: int) -> None:
         for first, last in ring.runs(lo, hi):
             self._parts.append((ring, first, last, 0.0))

@@ -29,6 +29,7 @@ __all__ = [
     "curve_interval_s",
     "label_spaced_marks",
     "nice_axis",
+    "read_resolution_s",
     "render_legend",
     "sample_rate_hz",
     "with_span_mark",
@@ -154,6 +155,9 @@ def build_curve_frame(
 ) -> CurveFrame:
     """Read the window from the timeline, min/max-decimated to ``options.points_per_line``.
 
+    The window is read from the coarsest buckets :func:`read_resolution_s` allows: the default
+    10 minutes come straight from the timeline's 1 s buckets, with no decimation left to do.
+
     ``wall_offset_s`` turns monotonic seconds into wall-clock seconds (for a time-of-day axis);
     ``capacities`` maps device index to total bytes; ``host_total_bytes`` is the machine's RAM, the
     full scale when only the host is plotted.
@@ -161,7 +165,8 @@ def build_curve_frame(
     curves = choose_curves(timeline.channels, options.device, options.show_host)
     start = -math.inf if options.window_s is None else now_s - options.window_s
     points = max(MIN_POINTS_PER_LINE, min(options.points_per_line, MAX_POINTS_PER_LINE))
-    times, data = _read_window(timeline, start, now_s, points, [c.channel for c in curves])
+    resolution_s = read_resolution_s(options.window_s)
+    times, data = _read_window(timeline, start, now_s, points, [c.channel for c in curves], resolution_s)
     finite = data[np.isfinite(data)]
     data_max = float(finite.max()) if finite.size else 0.0
     shown_devices = sorted({int(c.channel.split("/")[0][5:]) for c in curves if c.channel.startswith("cuda:")})
@@ -227,11 +232,21 @@ def label_spaced_marks(frame: CurveFrame, plot_width_px: float) -> CurveFrame:
     return frame._replace(mark_labels=tuple(labels))
 
 
+def read_resolution_s(window_s: float | None) -> float:
+    """The longest bucket a window may be read from: two nominal pixels' worth of time (0: raw samples).
+
+    A bucket is drawn as two points (its extremes, in order), so buckets up to two pixels wide draw at
+    least one point per pixel, as raw samples at one per pixel would: 10 minutes read 1 s buckets (1.2 s
+    allowed), 1 minute raw samples. The window "all" reads raw samples where they are kept, as before.
+    """
+    return 0.0 if window_s is None else 2.0 * window_s / NOMINAL_PLOT_WIDTH_PX
+
+
 def _read_window(
-    timeline: Timeline, start_s: float, end_s: float, points: int, channels: Sequence[str]
+    timeline: Timeline, start_s: float, end_s: float, points: int, channels: Sequence[str], resolution_s: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Shared times and one row per channel (NaN where a channel has no value); only these lines are read."""
-    window = timeline.window_arrays(start_s, end_s, points, channels)
+    window = timeline.window_arrays(start_s, end_s, points, channels, resolution_s=resolution_s)
     if window.channels == tuple(channels):
         return window.times, window.values
     found = dict(zip(window.channels, window.values, strict=True))

@@ -51,8 +51,10 @@ DEFAULT_THRESHOLD = 0.9
 DEFAULT_RATE_HZ = 2.0
 MIN_RATE_HZ = 0.2
 MAX_RATE_HZ = 10.0
-# A line is drawn across ~1000 px: min/max pairs at one per pixel keep every peak visible.
-DEFAULT_POINTS_PER_LINE = 1000
+# A line is drawn across ~1000 px: min/max pairs at one per pixel keep every peak visible. The default
+# 10-minute window is at most 1202 points, sent as read with no decimation to do: 1201 samples at 2 Hz,
+# or, sampled faster, 601 one-second buckets of two points each (the first straddles the window's start).
+DEFAULT_POINTS_PER_LINE = 1250
 MIN_POINTS_PER_LINE = 4
 MAX_POINTS_PER_LINE = 2000
 # Curve data budget; with the header (sent only when its text changes) the panel stays under 50 KB/s.
