@@ -72,6 +72,13 @@ def _panel(monitor: Monitor, **kwargs: Any) -> Panel:
     return Panel(monitor, **kwargs)
 
 
+def _drawn(panel: Panel) -> np.ndarray:
+    """The curves' values as sent, without the valueless point the panel puts at each end of the window."""
+    y = np.atleast_2d(np.asarray(panel._curves.y))  # bqplot keeps one line's values as a 1-D array
+    assert np.isnan(y[:, [0, -1]]).all()
+    return y[:, 1:-1]
+
+
 def _text(html_text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html_text)).replace("&#x27;", "'").strip()
 
@@ -191,7 +198,7 @@ def test_panel_shows_allocated_reserved_used_and_capacity(fake: tuple[FakeSource
     assert "gm-c-alert" not in panel._header.value
     curves = panel._curves
     assert list(curves.labels) == ["allocated", "reserved", "device used (all processes)"]
-    y = np.asarray(curves.y)
+    y = _drawn(panel)
     assert y.shape == (3, 2)
     assert y[:, -1].tolist() == pytest.approx([8.0, 12.0, 12 + 500 / 1024])
     assert y[:, 0].tolist() == pytest.approx([12.0, 12.0, 12 + 500 / 1024])
@@ -249,7 +256,7 @@ def test_without_cuda_the_panel_shows_host_memory_and_says_so() -> None:
     assert "process RSS 5.0 GiB" in header
     assert "No CUDA device is in use: CUDA is not initialized (fake)." in header
     assert list(panel._curves.labels) == ["host RSS"]
-    assert np.asarray(panel._curves.y).ravel().tolist() == pytest.approx([3.0, 5.0])
+    assert _drawn(panel).ravel().tolist() == pytest.approx([3.0, 5.0])
 
 
 def test_before_cuda_is_initialized_whole_device_use_is_shown_and_explained() -> None:
@@ -262,6 +269,44 @@ def test_before_cuda_is_initialized_whole_device_use_is_shown_and_explained() ->
     assert "PyTorch's figures appear once CUDA is in use" in header
     assert "allocated n/a" in header and "reserved n/a" in header
     assert "device used 0 B of 80.0 GiB" in header
+
+
+def test_the_curves_carry_the_window_ends_and_the_x_scale_fits_them(fake: tuple[FakeSource, Monitor]) -> None:
+    _source, monitor = fake
+    with CommRecorder() as recorder:
+        panel = _panel(monitor)
+        updates_after = []
+        for _ in range(4):
+            monitor.sampler.sample_once()
+            assert panel.refresh()
+            updates_after.append(
+                sum(1 for m in recorder.snapshot() if m.comm_id == panel._x_scale.model_id and m.method == "update")
+            )
+    frame = panel._last_frame
+    assert frame is not None
+    x_ms = np.asarray(panel._curves.x).astype("datetime64[ms]").astype(np.float64)
+    # The window's two ends, around the samples as read: the scale spans exactly the frame's window.
+    assert x_ms[0] == pytest.approx(frame.x_min_ms, abs=1.0)
+    assert x_ms[-1] == pytest.approx(frame.x_max_ms, abs=1.0)
+    assert x_ms[1:-1] == pytest.approx(frame.x_ms, abs=1.0)
+    assert (panel._x_scale.min, panel._x_scale.max) == (None, None)
+    # Once a line is drawn, pushes send no x-scale message: the lines' own update carries the ends.
+    assert updates_after[1] >= 1
+    assert updates_after[1] == updates_after[2] == updates_after[3]
+
+
+def test_with_no_line_drawn_the_x_scale_gets_the_window_ends(fake: tuple[FakeSource, Monitor]) -> None:
+    _source, monitor = fake
+    panel = _panel(monitor)
+    monitor.sampler.sample_once()  # one sample: no line yet
+    assert panel.refresh()
+    frame = panel._last_frame
+    assert frame is not None and frame.points_per_line == 1
+    assert panel._x_scale.min is not None and panel._x_scale.max is not None
+    assert panel._x_scale.min < panel._x_scale.max
+    monitor.sampler.sample_once()
+    assert panel.refresh()
+    assert (panel._x_scale.min, panel._x_scale.max) == (None, None)
 
 
 def test_cell_marks_are_drawn_with_their_labels(fake: tuple[FakeSource, Monitor]) -> None:
@@ -297,7 +342,7 @@ def test_several_devices_choice_and_per_device_lines() -> None:
     monitor.sampler.sample_once()
     assert panel.refresh()
     assert list(panel._curves.labels) == ["allocated", "reserved", "device used (all processes)"]
-    assert np.asarray(panel._curves.y)[:, -1].tolist()[0] == pytest.approx(2.0)
+    assert _drawn(panel)[:, -1].tolist()[0] == pytest.approx(2.0)
     assert "cuda:1 · Fake GPU" in _text(panel._header.value)
 
 

@@ -161,10 +161,12 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             line_style="dashed", visible=False,
         )  # fmt: skip
         self._curves = bqplot.Lines(x=np.zeros(0), y=np.zeros(0), scales=scales, stroke_width=1.8, visible=False)
+        across = bqplot.LinearScale(min=0.0, max=1.0)
         self._capacity = bqplot.Lines(
-            x=np.zeros(0), y=np.zeros(0), scales=scales, colors=[CAPACITY_COLOR], stroke_width=1.4,
-            line_style="dashed", visible=False,
+            x=np.array([0.0, 1.0]), y=np.zeros(0), scales={"x": across, "y": self._y_scale},
+            colors=[CAPACITY_COLOR], stroke_width=1.4, line_style="dashed", visible=False,
         )  # fmt: skip
+        self._last_capacity: tuple[float, ...] = ()
         self._cell_labels = bqplot.Label(
             x=np.zeros(0), y=np.zeros(0), text=np.zeros(0, dtype=str), scales=scales, colors=[MARK_COLOR],
             default_size=11.0, align="end", x_offset=-3, y_offset=11, visible=False,
@@ -328,9 +330,12 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             self._legend.value = legend
 
     def _show_axes(self, frame: CurveFrame) -> None:
-        with self._x_scale.hold_sync():
-            self._x_scale.min = _date(frame.x_min_ms)
-            self._x_scale.max = _date(frame.x_max_ms)
+        # While curves are drawn they carry the window's two ends (see _show_lines) and the date scale
+        # fits itself to them: one message a push fewer. With nothing drawn, the ends are set here.
+        ends = (None, None) if _draws_lines(frame) else (_date(frame.x_min_ms), _date(frame.x_max_ms))
+        if (self._x_scale.min, self._x_scale.max) != ends:
+            with self._x_scale.hold_sync():
+                self._x_scale.min, self._x_scale.max = ends
         tick_format = "%H:%M:%S" if (frame.x_max_ms - frame.x_min_ms) <= _SECONDS_TICKS_UP_TO_MS else "%H:%M"
         if self._x_axis.tick_format != tick_format:
             self._x_axis.tick_format = tick_format
@@ -342,10 +347,11 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             self._y_axis.label = frame.unit
 
     def _show_lines(self, frame: CurveFrame) -> None:
-        if frame.curves and frame.points_per_line > 1:  # one point is no line (and bqplot squeezes it away)
+        if _draws_lines(frame):
+            # A point with no value at each end of the window: nothing is drawn there, but the x scale spans it.
             with self._curves.hold_sync():
-                self._curves.x = _dates(frame.x_ms)
-                self._curves.y = frame.y
+                self._curves.x = _dates(np.concatenate(([frame.x_min_ms], frame.x_ms, [frame.x_max_ms])))
+                self._curves.y = np.pad(frame.y, ((0, 0), (1, 1)), constant_values=np.nan)
                 if frame.curves != self._last_curves or not self._curves.visible:
                     # Validating these lists costs as much as the arrays; they change only with the curves.
                     self._last_curves = frame.curves
@@ -356,10 +362,12 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         elif self._curves.visible:
             self._curves.visible = False
         if frame.capacity:
-            with self._capacity.hold_sync():
-                self._capacity.x = _dates(np.array([frame.x_min_ms, frame.x_max_ms]))
-                self._capacity.y = np.array([[c, c] for c in frame.capacity], dtype=np.float32)
-                self._capacity.visible = True
+            if frame.capacity != self._last_capacity or not self._capacity.visible:
+                # Across the whole plot on its own 0..1 scale: it never moves with the window.
+                self._last_capacity = frame.capacity
+                with self._capacity.hold_sync():
+                    self._capacity.y = np.array([[c, c] for c in frame.capacity], dtype=np.float32)
+                    self._capacity.visible = True
         elif self._capacity.visible:
             self._capacity.visible = False
 
@@ -369,16 +377,15 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             return
         self._last_marks_key = marks_key
         count = len(frame.mark_labels)
+        # Emptied, not only hidden, when there are none: the x scale fits itself to every mark's dates.
         with self._cell_lines.hold_sync():
-            if count:
-                self._cell_lines.x = _dates(np.repeat(frame.mark_x_ms[:, None], 2, axis=1))
-                self._cell_lines.y = np.tile(np.array([0.0, frame.y_max], dtype=np.float32), (count, 1))
+            self._cell_lines.x = _dates(np.repeat(frame.mark_x_ms[:, None], 2, axis=1))
+            self._cell_lines.y = np.tile(np.array([0.0, frame.y_max], dtype=np.float32), (count, 1))
             self._cell_lines.visible = count > 0
         with self._cell_labels.hold_sync():
-            if count:
-                self._cell_labels.x = _dates(frame.mark_x_ms)
-                self._cell_labels.y = np.full(count, frame.y_max, dtype=np.float32)
-                self._cell_labels.text = np.array(frame.mark_labels)
+            self._cell_labels.x = _dates(frame.mark_x_ms)
+            self._cell_labels.y = np.full(count, frame.y_max, dtype=np.float32)
+            self._cell_labels.text = np.array(frame.mark_labels, dtype=str)
             self._cell_labels.visible = count > 0
 
     def close_parts(self) -> None:
@@ -413,6 +420,11 @@ def _trait_values(value: Any) -> list[Any]:
     else:
         values = [value]
     return [v for v in values if isinstance(v, widgets.Widget)]
+
+
+def _draws_lines(frame: CurveFrame) -> bool:
+    """One point is no line (and bqplot squeezes it away)."""
+    return bool(frame.curves) and frame.points_per_line > 1
 
 
 def _dates(values_ms: np.ndarray) -> np.ndarray:
