@@ -23,7 +23,7 @@ from gpumem.core.cells.attribution import (
     not_inspected_note,
     should_attribute,
 )
-from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
+from gpumem.core.cells.changes import cuda_note, device_changes, host_change
 from gpumem.core.cells.conditions import Condition, ToldConditions, device_warnings, standing_conditions
 from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES, staircase_notes
 from gpumem.core.cells.record import (
@@ -201,12 +201,11 @@ class CellTracker:
         (``keep_peaks``), so that the other's peak stays exact.
         """
         options = options or CellOptions()
-        if not concurrent:
+        if not concurrent and self._active:
             for stale in self._active_cells():
                 self.end(stale, error=RuntimeError("the end of this cell was never reported"))
         cell = ActiveCell(source, options, execution_count)
-        RUNNING.add(cell)
-        if not options.keep_peaks and RUNNING.others_running(cell):
+        if RUNNING.add(cell) and not options.keep_peaks:
             cell.options = options._replace(keep_peaks=True)
         try:
             self._start(cell, namespace)
@@ -230,9 +229,9 @@ class CellTracker:
             self.monitor.acquire(_claim_of(cell), MAX_RATE_HZ)
         reset: list[int] = []
         if not options.keep_peaks:
-            reset = reset_raised_peaks(
-                memory, (reading for reading in start.allocator if selected(reading.device, options.devices))
-            )
+            devices = options.devices
+            readings = start.allocator if devices is None else [r for r in start.allocator if r.device in devices]
+            reset = reset_raised_peaks(memory, readings)
         cell.start = start
         cell.reset_devices = frozenset(reset)
         self._resets.install()
@@ -270,7 +269,8 @@ class CellTracker:
         key, first_line = self._source_names(cell.source)
         warnings = self._figure_warnings(key, devices, start, end, host, status)
         variables = self._variables(cell, namespace, options, count, devices, hidden)
-        warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
+        if variables.changes or variables.graph_paths:  # else there is nothing to warn of (most cells)
+            warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
         staircases, notes = staircase_notes(
             self.monitor.timeline, start, end, devices, variables, namespace, self.pattern_min_bytes
         )
