@@ -157,3 +157,20 @@ def test_the_largest_change_is_the_definition(
     for devices in ((device,), (device, device._replace(device=1, allocated_after_bytes=allocated[1] + 3)), ()):
         record = template._replace(devices=tuple(devices), host=host)
         assert record.largest_change_bytes() == _largest_as_defined(record)
+
+
+def test_a_peak_reset_is_noticed_in_the_first_cell_that_makes_one(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    source = shell.user_ns["src"]
+    # The CPU build has no CUDA reset; stand in for it with one that resets the fake allocator.
+    monkeypatch.setattr(torch._C, "_cuda_resetPeakMemoryStats", lambda d: source.reset_peaks([d]), raising=False)
+    shell.user_ns["torch"] = torch
+    run_cell_capture(shell, "src.transient(GIB)")
+    (change,) = _last_record().devices
+    assert change.peak_exact and not _last_record().warnings  # no reset counted yet: the quick answer
+    _result, cap = run_cell_capture(shell, "src.transient(GIB); torch._C._cuda_resetPeakMemoryStats(0)")
+    (change,) = _last_record().devices
+    assert not change.peak_exact and [w.kind for w in _last_record().warnings] == ["peak-reset"]
+    assert any("peak counter was reset inside the cell" in line for line in _gpumem_lines(cap))
+    run_cell_capture(shell, "src.transient(GIB)")
+    assert _last_record().devices[0].peak_exact  # counted resets from before the cell do not count
