@@ -49,9 +49,12 @@ class RunningMeasurements:
         # guarded iteration costs several times as much; finished measurements are dropped as they are seen.
         self._cells: dict[int, weakref.ref[_Measured]] = {}
 
-    def add(self, cell: _Measured) -> None:
+    def add(self, cell: _Measured) -> bool:
+        """Count ``cell`` as running; whether another measurement runs too (as :meth:`others_running`)."""
         with self._lock:
+            others = any(other is not cell for other in self._unfinished()) if self._cells else False
             self._cells[id(cell)] = weakref.ref(cell)
+            return others
 
     def others_running(self, cell: _Measured) -> bool:
         with self._lock:
@@ -135,6 +138,8 @@ class PeakResetCounter:
 
     def reset_since(self, device: int, earlier: dict[int | None, int]) -> bool:
         """Whether ``device``'s counter was reset after ``earlier`` (a :meth:`snapshot`) was taken."""
+        if not self.calls:
+            return False  # nothing was ever reset (the usual case): no lock needed to say so
         return self.count(device) > earlier.get(device, 0) + earlier.get(None, 0)
 
 

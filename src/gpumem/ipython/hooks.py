@@ -105,8 +105,11 @@ class CellHooks:
         options = request.options if request is not None else state.auto_options()
         count = int(state.shell.execution_count) - 1 if getattr(info, "store_history", False) else None
         active = state.tracker.begin(body, options=options, execution_count=count, namespace=state.shell.user_ns)
-        traced = trace_cell.start(request and request.trace)
-        profiler = profile_cell.start(request is not None and request.profile)
+        if request is None:  # automatic mode: no --trace, no --profile
+            self._stack.append(_Pending(info, active, None))
+            return
+        traced = trace_cell.start(request.trace)
+        profiler = profile_cell.start(request.profile)
         self._stack.append(_Pending(info, active, request, traced, profiler))
 
     def _own_command(self, source: str) -> bool:
@@ -138,8 +141,11 @@ class CellHooks:
         count = getattr(result, "execution_count", None)
         if pending.info is not None and not getattr(pending.info, "store_history", False):
             count = None
-        profiled = profile_cell.stop(pending.profile, count)  # first: the profiler's own work stays out of the trace
-        traced = trace_cell.stop(pending.trace)
+        profiled = traced = None
+        if pending.profile is not None or pending.trace is not None:
+            # The profiler first: its own work stays out of the trace.
+            profiled = profile_cell.stop(pending.profile, count)
+            traced = trace_cell.stop(pending.trace)
         if result is None:
             error: BaseException | None = RuntimeError("the cell did not complete")
         else:

@@ -41,15 +41,17 @@ class OomExplainer:
     def post_run_cell(self, result: Any) -> None:
         """Never raises: a failure to explain must not cost the user their kernel or the original error."""
         try:
-            report = oom.explain_if_oom(
-                getattr(result, "error_in_exec", None),
-                started_s=self.cell_started_s,
-                shell=self.shell,
-                source=self.source,
-                holder_device=self.holder_device,
-            )
-            if report is not None:
-                display(text=oom.render_text(report), html=oom.render_html(report))
+            error = getattr(result, "error_in_exec", None)
+            if error is not None:  # most cells raise nothing: nothing to explain
+                report = oom.explain_if_oom(
+                    error,
+                    started_s=self.cell_started_s,
+                    shell=self.shell,
+                    source=self.source,
+                    holder_device=self.holder_device,
+                )
+                if report is not None:
+                    display(text=oom.render_text(report), html=oom.render_html(report))
             oom.attach_observer()  # the cell may have initialized CUDA
         except (Exception, KeyboardInterrupt) as failure:
             print(f"gpumem: could not explain the out-of-memory error ({type(failure).__name__}: {failure})")

@@ -140,6 +140,7 @@ class ExtensionState:
             pattern_min_bytes=config.pattern_min_bytes,
         )
         self._unload_callbacks: list[Callable[[], None]] = []
+        self._auto_options: CellOptions | None = None  # built from the settings; dropped when one changes
 
     @property
     def auto(self) -> bool:
@@ -164,6 +165,7 @@ class ExtensionState:
     def config_changed(self, change: Any) -> None:
         """A setting changed (``%gpumem auto ...``, ``%config GpuMem.x = ...``): keep it, pass it to the tracker."""
         name, value = change["name"], change["new"]
+        self._auto_options = None
         self._keep_setting(name, value)
         if name == "history_size":
             self.tracker.history_size = value
@@ -196,6 +198,11 @@ class ExtensionState:
         self.tracker._ensure_sampling()  # noqa: SLF001 - CellTracker has no public way to start sampling yet
 
     def auto_options(self) -> CellOptions:
-        """How automatic mode measures a cell, from the current settings."""
-        attribute = {"changed": None, "always": True, "never": False}[self.config.attribute]
-        return CellOptions(keep_peaks=self.config.keep_peaks, attribute=attribute, mode="auto")
+        """How automatic mode measures a cell, from the current settings (built again after any change of
+        them: :meth:`config_changed` sees every one, ``%gpumem auto``'s and ``%config``'s alike)."""
+        options = self._auto_options
+        if options is None:
+            attribute = {"changed": None, "always": True, "never": False}[self.config.attribute]
+            options = CellOptions(keep_peaks=self.config.keep_peaks, attribute=attribute, mode="auto")
+            self._auto_options = options
+        return options

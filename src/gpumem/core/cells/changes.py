@@ -32,9 +32,9 @@ def device_changes(
     changes: list[DeviceChange] = []
     for after in end.allocator:
         device = after.device
-        before = start.allocator_for(device)
-        if not selected(device, devices):
+        if devices is not None and device not in devices:
             continue
+        before = start.allocator_for(device)
         if devices is None and not _in_use(before, after):
             continue
         changes.append(_device_change(cell, before, after, start, end, resets))

@@ -66,6 +66,8 @@ class ToldConditions:
         allocation had to retry or failed), told whatever its level. A condition first seen under a
         cell that did not cause it is remembered as standing, not told."""
         key = (kind, device)
+        if condition is None and key not in self._told:
+            return False  # the usual case, decided without the lock: nothing held, nothing to forget
         with self._lock:
             if condition is None:
                 self._told.pop(key, None)

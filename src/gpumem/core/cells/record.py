@@ -152,13 +152,17 @@ class CellRecord(NamedTuple):
 
     def largest_change_bytes(self) -> int:
         """The biggest absolute change of any figure (CUDA allocated/reserved/peak, host RSS)."""
-        sizes = [0]
+        largest = 0
         for change in self.devices:
-            sizes += [abs(change.allocated_delta_bytes), abs(change.reserved_delta_bytes)]
-            sizes.append(max(change.peak_above_start_bytes, 0))
-        if self.host is not None:
-            sizes.append(abs(self.host.rss_delta_bytes))
-        return max(sizes)
+            before = change.allocated_before_bytes
+            largest = max(
+                largest,
+                abs(change.allocated_after_bytes - before),
+                abs(change.reserved_after_bytes - change.reserved_before_bytes),
+                change.peak_allocated_bytes - before,
+            )
+        host = self.host
+        return largest if host is None else max(largest, abs(host.rss_after_bytes - host.rss_before_bytes))
 
 
 class CellOptions(NamedTuple):

@@ -23,7 +23,7 @@ from gpumem.core.cells.attribution import (
     not_inspected_note,
     should_attribute,
 )
-from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
+from gpumem.core.cells.changes import cuda_note, device_changes, host_change
 from gpumem.core.cells.conditions import Condition, ToldConditions, device_warnings, standing_conditions
 from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES, staircase_notes
 from gpumem.core.cells.record import (
@@ -93,7 +93,8 @@ class CellTracker:
         self._count = 0
         self._active: list[ActiveCell] = []  # more than one only for concurrent (nested or threaded) blocks
         self._reruns = RerunLog()
-        self._last_key = ("", source_key(""))  # the last source and its key: most cells are re-runs or repeats
+        # The last source, its key and first line: most cells are re-runs or repeats.
+        self._last_source = ("", source_key(""), first_line_of(""))
         self._told = ToldConditions()  # device conditions already warned of, so no later cell repeats them
         self._reserves = ReserveReader()
         self._resets = PEAK_RESETS
@@ -200,12 +201,11 @@ class CellTracker:
         (``keep_peaks``), so that the other's peak stays exact.
         """
         options = options or CellOptions()
-        if not concurrent:
+        if not concurrent and self._active:
             for stale in self._active_cells():
                 self.end(stale, error=RuntimeError("the end of this cell was never reported"))
         cell = ActiveCell(source, options, execution_count)
-        RUNNING.add(cell)
-        if not options.keep_peaks and RUNNING.others_running(cell):
+        if RUNNING.add(cell) and not options.keep_peaks:
             cell.options = options._replace(keep_peaks=True)
         try:
             self._start(cell, namespace)
@@ -229,14 +229,14 @@ class CellTracker:
             self.monitor.acquire(_claim_of(cell), MAX_RATE_HZ)
         reset: list[int] = []
         if not options.keep_peaks:
-            reset = reset_raised_peaks(
-                memory, (reading for reading in start.allocator if selected(reading.device, options.devices))
-            )
+            devices = options.devices
+            readings = start.allocator if devices is None else [r for r in start.allocator if r.device in devices]
+            reset = reset_raised_peaks(memory, readings)
         cell.start = start
         cell.reset_devices = frozenset(reset)
         self._resets.install()
         cell.resets_at_start = self._resets.snapshot()
-        cell.take_sample(start)
+        # No sample of the start (or the end) itself: the figures take the maximum with both readings anyway.
         if cell.execution_count is not None:
             self.monitor.mark(f"[{cell.execution_count}]", start.monotonic_s)
         with self._lock:
@@ -266,15 +266,15 @@ class CellTracker:
         count = execution_count if execution_count is not None else cell.execution_count
         devices = device_changes(cell, start, end, options.devices, self._resets)
         host = host_change(cell, start, end)
-        key = self._source_key(cell.source)
+        key, first_line = self._source_names(cell.source)
         warnings = self._figure_warnings(key, devices, start, end, host, status)
         variables = self._variables(cell, namespace, options, count, devices, hidden)
-        warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
+        if variables.changes or variables.graph_paths:  # else there is nothing to warn of (most cells)
+            warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
         staircases, notes = staircase_notes(
             self.monitor.timeline, start, end, devices, variables, namespace, self.pattern_min_bytes
         )
         warnings += staircases
-        first_line = first_line_of(cell.source)
         note = cuda_note(options.devices, devices, end, self.monitor.status)
         with self._lock:
             self._count += 1
@@ -314,7 +314,6 @@ class CellTracker:
             cell.finished = True
             if cell in self._active:
                 self._active.remove(cell)
-        cell.take_sample(end)
         if cell.options.mode != "auto":  # only a cell measured on purpose asked for a faster rate
             self.monitor.release(_claim_of(cell))
         return end
@@ -372,13 +371,13 @@ class CellTracker:
         )
         return warnings if host_leak is None else [*warnings, host_leak]
 
-    def _source_key(self, source: str) -> str:
-        last_source, last_key = self._last_key
-        if source == last_source:
-            return last_key
-        key = source_key(source)
-        self._last_key = (source, key)
-        return key
+    def _source_names(self, source: str) -> tuple[str, str]:
+        """The source's key and first line (both functions of the text alone, kept for the last source)."""
+        last_source, key, first_line = self._last_source
+        if source != last_source:
+            key, first_line = source_key(source), first_line_of(source)
+            self._last_source = (source, key, first_line)
+        return key, first_line
 
     def _may_leak(self, devices: Sequence[DeviceChange], host_bytes: int | None) -> bool:
         """Whether this run grew anything enough for a leak warning: one needs every recent run, this
