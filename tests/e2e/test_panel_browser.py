@@ -67,6 +67,16 @@ _PLOT_HEIGHT_JS = """(selector) => {
 }"""
 
 
+_EDGES_JS = """([selector, stroke]) => {
+    const panel = document.querySelector(selector);
+    const plot = panel && panel.querySelector('rect.plotarea_background, .plotarea_background');
+    const line = panel && [...panel.querySelectorAll('path.line')].find(p => getComputedStyle(p).stroke === stroke);
+    if (!plot || !line) return null;
+    const a = plot.getBoundingClientRect(), b = line.getBoundingClientRect();
+    return {plotLeft: a.left, plotRight: a.right, lineLeft: b.left, lineRight: b.right};
+}"""
+
+
 _SVG_TEXT_JS = """(selector) => {
     const panel = document.querySelector(selector);
     return panel ? [...panel.querySelectorAll('svg text')].map(t => t.textContent).join(' ') : '';
@@ -152,6 +162,14 @@ def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) 
     plot_height = float(page.evaluate(_PLOT_HEIGHT_JS, PANEL))
     assert plot_height > 100, "the plot area did not get a height"
     assert abs(_rise_px(before)) < 0.2 * plot_height, f"curve not flat before allocating: {before[:3]}…{before[-3:]}"
+    # The x scale spans the window, which the curve fills while it is younger than the window: from the
+    # first sample at the left edge to the newest, a moment old, at the right edge.
+    edges = page.evaluate(_EDGES_JS, [PANEL, HOST_GREEN])
+    assert edges is not None, "no plot area or host curve to measure"
+    width = edges["plotRight"] - edges["plotLeft"]
+    assert width > 200, edges
+    assert abs(edges["lineLeft"] - edges["plotLeft"]) <= 0.03 * width, edges
+    assert abs(edges["plotRight"] - edges["lineRight"]) <= 0.03 * width, edges
 
     # 1 GiB of host memory, held only by a reference cycle: alive until a collection runs. Automatic
     # collection is switched off so that the cycle waits for Free, as an old cycle does in practice.

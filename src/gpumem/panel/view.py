@@ -339,12 +339,13 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         tick_format = "%H:%M:%S" if (frame.x_max_ms - frame.x_min_ms) <= _SECONDS_TICKS_UP_TO_MS else "%H:%M"
         if self._x_axis.tick_format != tick_format:
             self._x_axis.tick_format = tick_format
-        if self._y_scale.max != frame.y_max:
-            with self._y_axis.hold_sync():
+        # The ticks and their unit in one message: apart, a page could draw MiB ticks labelled GiB.
+        with self._y_axis.hold_sync():
+            if self._y_scale.max != frame.y_max:
                 self._y_scale.max = frame.y_max
                 self._y_axis.tick_values = np.asarray(frame.y_ticks, dtype=np.float64)
-        if self._y_axis.label != frame.unit:
-            self._y_axis.label = frame.unit
+            if self._y_axis.label != frame.unit:
+                self._y_axis.label = frame.unit
 
     def _show_lines(self, frame: CurveFrame) -> None:
         if _draws_lines(frame):
