@@ -295,22 +295,16 @@ class Panel(PanelView):
         if not force and (self._paused or not visible):
             return now + IDLE_WAIT_S
         schedule = self._schedule
-        spacing = schedule.spacing_s(_panels_shown())  # what the writer's CPU budget allows
-        header_interval = max(1.0 / self._options.rate_hz, spacing)
+        header_interval = 1.0 / self._options.rate_hz
         # When the curves come at least every other header interval, the header goes with them: one
         # wake-up of this thread instead of two (each costs a GIL hand-off from a busy main thread).
         rides = self._stats.last_interval_s <= 2 * header_interval and schedule.next_header != 0.0
         curves_due = force or schedule.curves_due(now)
-        began, pushed = time.thread_time(), False
         if force or (schedule.header_due(now) and (curves_due or not rides)):
             self._push_header()
             schedule.pushed_header(now, header_interval)
-            pushed = True
         if curves_due:
-            schedule.pushed_curves(now, max(self._push_curves(now), spacing))
-            pushed = True
-        if pushed:
-            schedule.note_push_cost(time.thread_time() - began)
+            schedule.pushed_curves(now, self._push_curves(now))
         return schedule.next_curves if rides and schedule.next_header != 0.0 else schedule.next_due
 
     # One handler per command (writer thread) -------------------------------------------------------
@@ -401,11 +395,6 @@ class Panel(PanelView):
             last_interval_s=interval,
         )
         return interval
-
-
-def _panels_shown() -> int:
-    """Panels the writer thread pushes to (the shown ones): they share its CPU budget."""
-    return sum(1 for panel in open_panels() if panel._stats.visible)  # noqa: SLF001 - one class
 
 
 def _current_shell() -> Any:

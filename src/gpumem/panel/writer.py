@@ -3,42 +3,20 @@
 ``hold_sync`` and trait changes are not thread-safe, so after a panel is built only this thread sets
 its widget traits. It runs each panel's service function, sleeps until the earliest time one of them
 asked to come back (or until woken), and stops when the last panel leaves.
-
-The thread keeps to a CPU budget: a push costs a millisecond or two of CPU (several on a machine whose
-main thread is busy: each hand-over of the GIL to this thread costs a wake-up and cold caches), so the
-pushes are spaced by what they cost, up to :data:`MAX_SPACING_S`. A command (Free, a control changed)
-is answered at once whatever the budget.
 """
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = [
-    "MAX_SPACING_S",
-    "WRITER_CPU_BUDGET",
-    "PushSchedule",
-    "Writer",
-    "close_all",
-    "open_panels",
-    "register",
-    "shared_writer",
-    "unregister",
-]
+__all__ = ["PushSchedule", "Writer", "close_all", "open_panels", "register", "shared_writer", "unregister"]
 
 # Service functions return when to be called again (time.monotonic() seconds).
 Service = Callable[[], float]
 IDLE_WAIT_S = 1.0
-# The CPU the writer thread may spend on all open panels together: 0.8 ms a second (0.08% of a core).
-WRITER_CPU_BUDGET = 0.0008
-# However costly its pushes, a panel shown is brought up to date at least this often.
-MAX_SPACING_S = 5.0
-_COSTS_KEPT = 7  # the latest passes whose CPU time sets the spacing
 
 
 class Writer:
@@ -87,12 +65,12 @@ class Writer:
             self._wake.clear()
             with self._lock:
                 services = list(self._services)
-            next_due = time.monotonic() + MAX_SPACING_S  # a panel that is due sooner says so
+            next_due = time.monotonic() + IDLE_WAIT_S
             for service in services:
                 if stop.is_set():
                     return
                 next_due = min(next_due, service())
-            self._wake.wait(max(0.0, min(MAX_SPACING_S, next_due - time.monotonic())))
+            self._wake.wait(max(0.0, min(IDLE_WAIT_S, next_due - time.monotonic())))
 
 
 shared_writer = Writer()
@@ -105,25 +83,6 @@ class PushSchedule:
         self.next_header = 0.0
         self.next_curves = 0.0
         self.curves_dirty = True
-        self._costs: deque[float] = deque(maxlen=_COSTS_KEPT)
-        self._first = True
-
-    @property
-    def push_cpu_s(self) -> float:
-        """A pass's usual CPU time: the median of the latest ones (0 until one is known)."""
-        return statistics.median(self._costs) if self._costs else 0.0
-
-    def note_push_cost(self, cpu_s: float) -> None:
-        """The CPU time (this thread's clock) of a pass that pushed something. The first pass builds
-        what the later ones reuse, so it does not count; a median shrugs off a pass a collection slowed."""
-        if self._first:
-            self._first = False
-        elif cpu_s >= 0:
-            self._costs.append(cpu_s)
-
-    def spacing_s(self, panels: int) -> float:
-        """The least time between two pushes that keeps ``panels`` panels like this one within the budget."""
-        return min(MAX_SPACING_S, self.push_cpu_s * max(1, panels) / WRITER_CPU_BUDGET)
 
     def invalidate(self) -> None:
         """Something changed what is shown: push both at the next pass."""
