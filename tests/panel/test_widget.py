@@ -375,7 +375,8 @@ def test_lines_stay_within_2k_points_and_keep_every_peak() -> None:
         assert float(frame.y[0].max()) == pytest.approx(50.0)  # the one-sample spike survives decimation
         assert float(frame.y[0].min()) == pytest.approx(1.0)
     frame = build_curve_frame(timeline, PanelOptions(window_s=600), now, 0.0, {})
-    assert frame.points_per_line == 2 * (math.floor(now) - math.floor(now - 600) + 1)  # 1 s buckets, as read
+    newest = now - 0.1  # the last sample: the second it falls in is the newest bucket
+    assert frame.points_per_line == 2 * (math.floor(newest) - math.floor(now - 600) + 1)  # 1 s buckets, as read
     assert frame.points_per_line <= DEFAULT_POINTS_PER_LINE
     assert float(frame.y[0].max()) == pytest.approx(50.0)
 

@@ -17,6 +17,8 @@ __all__ = ["PushSchedule", "Writer", "close_all", "open_panels", "register", "sh
 # Service functions return when to be called again (time.monotonic() seconds).
 Service = Callable[[], float]
 IDLE_WAIT_S = 1.0
+# The longest the thread sleeps: a shown panel says when it is due; a hidden one, IDLE_WAIT_S from now.
+_LONGEST_SLEEP_S = 5.0
 
 
 class Writer:
@@ -65,12 +67,12 @@ class Writer:
             self._wake.clear()
             with self._lock:
                 services = list(self._services)
-            next_due = time.monotonic() + IDLE_WAIT_S
+            next_due = time.monotonic() + _LONGEST_SLEEP_S
             for service in services:
                 if stop.is_set():
                     return
                 next_due = min(next_due, service())
-            self._wake.wait(max(0.0, min(IDLE_WAIT_S, next_due - time.monotonic())))
+            self._wake.wait(max(0.0, min(_LONGEST_SLEEP_S, next_due - time.monotonic())))
 
 
 shared_writer = Writer()
