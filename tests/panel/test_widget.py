@@ -22,11 +22,13 @@ from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.monitor import Monitor
 from gpumem.core.timeline import Timeline
 from gpumem.ipython import panel_magics as widget
+from gpumem.panel import widget as widget_module
 from gpumem.panel.curves import build_curve_frame, curve_interval_s, nice_axis, read_resolution_s
 from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_rate, parse_threshold, parse_window
 from gpumem.panel.readings import PeakTracker
 from gpumem.panel.traffic import CommRecorder
 from gpumem.panel.widget import Panel, close_all
+from gpumem.panel.writer import shared_writer
 from gpumem.testing import GIB, MIB, FakeSource
 
 BROWSER_BUDGET_BYTES_PER_S = 50_000
@@ -687,3 +689,37 @@ def test_the_panel_asks_for_one_sample_per_pixel_of_its_window(fake: tuple[FakeS
     assert monitor.sampler.rate_hz == 2
     panel.close()
     assert not monitor.running
+
+
+def test_the_readers_status_is_asked_again_only_when_cuda_comes_into_use_or_it_grew_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source = FakeSource(cuda_initialized=False, nvml=True)
+    monitor = Monitor(source)
+    asked = []
+    original = monitor.status
+    monkeypatch.setattr(monitor, "status", lambda: asked.append(1) or original())
+    panel = _panel(monitor)
+    panel.set_state({"_view_count": 1})  # shown: its passes push
+    shared_writer.remove(panel._service)  # this test runs the writer's passes itself
+    for _ in range(4):
+        monitor.sampler.sample_once()
+        panel._schedule.invalidate()
+        panel._service()
+    assert len(asked) == 1  # nothing changed: the first answer stands
+    assert "CUDA is not initialized (fake)" in _text(panel._header.value)
+    source.allocate(GIB)  # the user's code puts a tensor on the GPU: CUDA is in use from now on
+    monitor.sampler.sample_once()
+    panel._schedule.invalidate()
+    panel._service()
+    assert len(asked) == 2
+    assert "CUDA is not initialized" not in _text(panel._header.value)
+    assert "allocated 1.0 GiB" in _text(panel._header.value)
+    clock = time.monotonic() + widget_module.STATUS_MAX_AGE_S + 1
+    monkeypatch.setattr(widget_module.time, "monotonic", lambda: clock)
+    panel._schedule.invalidate()
+    panel._service()
+    assert len(asked) == 3  # grown old: asked again
+    panel._service(force=True)
+    assert len(asked) == 4  # a refresh asked for reads everything afresh
+    monitor.stop()

@@ -80,6 +80,10 @@ class PanelStats(NamedTuple):
     visible: bool
 
 
+# How long the readers' status is reused while CUDA's use and the devices seen stay the same.
+STATUS_MAX_AGE_S = 5.0
+
+
 def open_panels() -> list[Panel]:
     """The panels not closed yet, oldest first."""
     return cast("list[Panel]", _open_panels())
@@ -137,6 +141,7 @@ class Panel(PanelView):
         self._stats = PanelStats(0, 0, 0, 0, 0, 0.0, 0, False)
         self._last_frame: CurveFrame | None = None
         self._last_header_key: tuple[Any, ...] | None = None
+        self._status_cache: tuple[tuple[bool, int], float, dict[str, str]] | None = None  # key, when, status
         self._error: str | None = None
         self._connect()
         # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
@@ -289,6 +294,8 @@ class Panel(PanelView):
             command = self._commands.popleft()
             self._HANDLERS[type(command)](self, command)
         force = force or bool(self._refreshed)
+        if force:
+            self._status_cache = None  # asked for now: everything read afresh
         now = time.monotonic()
         visible = self._views.visible(now)
         self._stats = self._stats._replace(views=self._views.shown(), visible=visible)
@@ -359,10 +366,7 @@ class Panel(PanelView):
         infos = self._readings.infos()
         device_peaks, host_peak = self._peaks.frozen()
         self.show_devices(device_indices(snapshot) if snapshot is not None else (), infos)
-        try:
-            status = self._monitor.status()
-        except Exception as error:
-            status = {"torch": f"unavailable: {error}"}
+        status = self._reader_status(snapshot)
         model = build_header(
             snapshot, infos, device_peaks, host_peak, status, self._options.device, peak_span=self._peaks.span()[1]
         )
@@ -373,6 +377,21 @@ class Panel(PanelView):
         text, _alert = render_header(model, self._options.threshold)
         if self.show_header(text):
             self._stats = self._stats._replace(header_pushes=self._stats.header_pushes + 1)
+
+    def _reader_status(self, snapshot: Snapshot | None) -> dict[str, str]:
+        """The readers' status, asked again only when CUDA's use or the devices seen change, or every few
+        seconds: next to a busy main thread the call cost this thread hundreds of microseconds a push."""
+        key = (snapshot is not None and bool(snapshot.allocator), len(snapshot.devices) if snapshot else 0)
+        now = time.monotonic()
+        cached = self._status_cache
+        if cached is not None and cached[0] == key and now - cached[1] < STATUS_MAX_AGE_S:
+            return cached[2]
+        try:
+            status = self._monitor.status()
+        except Exception as error:
+            status = {"torch": f"unavailable: {error}"}
+        self._status_cache = (key, now, status)
+        return status
 
     def _push_curves(self, now: float) -> float:
         """Draw the window from the monitor's timeline; returns the seconds until the next push."""
