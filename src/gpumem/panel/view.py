@@ -351,8 +351,12 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         if _draws_lines(frame):
             # A point with no value at each end of the window: nothing is drawn there, but the x scale spans it.
             with self._curves.hold_sync():
-                self._curves.x = _dates(np.concatenate(([frame.x_min_ms], frame.x_ms, [frame.x_max_ms])))
-                self._curves.y = np.pad(frame.y, ((0, 0), (1, 1)), constant_values=np.nan)
+                x_ms = np.empty(frame.x_ms.size + 2)
+                x_ms[0], x_ms[1:-1], x_ms[-1] = frame.x_min_ms, frame.x_ms, frame.x_max_ms
+                y = np.full((frame.y.shape[0], frame.y.shape[1] + 2), np.nan, dtype=frame.y.dtype)
+                y[:, 1:-1] = frame.y
+                self._curves.x = _dates(x_ms)
+                self._curves.y = y
                 if frame.curves != self._last_curves or not self._curves.visible:
                     # Validating these lists costs as much as the arrays; they change only with the curves.
                     self._last_curves = frame.curves
