@@ -94,26 +94,6 @@ def measure_threads(seconds: float) -> dict[str, Any]:
     }
 
 
-class SocketBytes:
-    """Sizes and arrival times of the frames the page receives on kernel websockets."""
-
-    def __init__(self, page: Any) -> None:
-        self.frames: list[tuple[float, int, bool]] = []  # (monotonic, bytes, is a comm_msg)
-        page.on("websocket", self._attach)
-
-    def _attach(self, ws: Any) -> None:
-        if "/api/kernels/" in ws.url:
-            ws.on("framereceived", self._frame)
-
-    def _frame(self, payload: str | bytes) -> None:
-        data = payload.encode() if isinstance(payload, str) else payload
-        self.frames.append((time.monotonic(), len(data), b'"comm_msg"' in data))
-
-    def kb_per_s(self, began: float, wall_s: float, *, comm_only: bool = False) -> float:
-        total = sum(n for at, n, comm in self.frames if began <= at <= began + wall_s and (comm or not comm_only))
-        return total / wall_s / 1e3
-
-
 @contextlib.contextmanager
 def lab_page(base: Path) -> Iterator[Any]:
     """A JupyterLab server loading this checkout's labextension, and a chromium page on it."""
@@ -144,9 +124,9 @@ def real_run(seconds: float, settle_s: float) -> tuple[dict[str, Any], dict[str,
     """Both views live in a real JupyterLab: the kernel's measurement and the page's received bytes; then,
     the page still live, the emulated run in this process (the same load on the machine)."""
     with tempfile.TemporaryDirectory(prefix="gpumem-browser-threads-") as tmp, lab_page(Path(tmp)) as (server, page):
-        from _harness import open_notebook, run_cell, wait_for_cell_done, wait_for_output
+        from _harness import KernelFrames, open_notebook, run_cell, wait_for_cell_done, wait_for_output
 
-        sockets = SocketBytes(page)
+        sockets = KernelFrames(page)
         server.make_notebook("threads.ipynb", [""])
         open_notebook(page, server, "threads.ipynb", timeout=180)
         run_cell(
@@ -168,8 +148,9 @@ def real_run(seconds: float, settle_s: float) -> tuple[dict[str, Any], dict[str,
         text = wait_for_output(cell, MARK, timeout=30)
         result: dict[str, Any] = json.loads(text.split(MARK, 1)[1].strip().splitlines()[0])
         page.wait_for_timeout(500)  # frames of the window's last moments
-        result["socket_kb_per_s"] = sockets.kb_per_s(result["began_monotonic"], result["wall_s"])
-        result["socket_comm_kb_per_s"] = sockets.kb_per_s(result["began_monotonic"], result["wall_s"], comm_only=True)
+        began, wall_s = result["began_monotonic"], result["wall_s"]
+        result["socket_kb_per_s"] = sockets.bytes_between(began, began + wall_s) / wall_s / 1e3
+        result["socket_comm_kb_per_s"] = sockets.bytes_between(began, began + wall_s, comm=True) / wall_s / 1e3
         return result, emulated_run(seconds, settle_s)
 
 

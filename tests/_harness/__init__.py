@@ -7,7 +7,7 @@
 ``notebooks``   isolated Jupyter directories, notebooks run in real kernels
 ``servers``     JupyterLab / Notebook 7 servers
 ``chromium``    Playwright on Debian's chromium
-``lab_page``    driving a notebook page: open it, run cells, wait for outputs
+``lab_page``    driving a notebook page: open it, run cells, wait for outputs, count its websocket bytes
 
 Fixtures (registered by ``tests/conftest.py`` through ``pytest_plugins``, so any test can request them):
 
@@ -33,6 +33,7 @@ from _harness.config import KERNEL_TIMEOUT, OUTPUT_TIMEOUT, REPO_ROOT, SERVER_ST
 from _harness.gpu import check_gpu_item, cuda_status, gpu_required
 from _harness.lab_page import (
     NOTEBOOK,
+    KernelFrames,
     cell_outputs_text,
     cells,
     kernel_status,
@@ -57,6 +58,7 @@ __all__ = [
     "SRC_DIR",
     "JupyterEnv",
     "JupyterServer",
+    "KernelFrames",
     "artifacts_path",
     "cell_outputs_text",
     "cell_text",

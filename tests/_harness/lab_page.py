@@ -171,3 +171,28 @@ def readme_screenshot(target: Locator, name: str, *, down_to: Locator | None = N
     height = min(box["height"], end["y"] + end["height"] + 8 - box["y"])
     target.page.screenshot(path=str(path), animations="disabled", caret="hide", clip={**box, "height": height})
     return path
+
+
+class KernelFrames:
+    """What the page receives on its kernel websockets: each frame's arrival time, size and kind."""
+
+    def __init__(self, page: Page) -> None:
+        self.frames: list[tuple[float, int, bool, bool]] = []  # (monotonic, bytes, a comm_msg, a state update)
+        page.on("websocket", self._attach)
+
+    def _attach(self, ws: Any) -> None:
+        if "/api/kernels/" in ws.url:
+            ws.on("framereceived", self._frame)
+
+    def _frame(self, payload: str | bytes) -> None:
+        data = payload.encode() if isinstance(payload, str) else payload
+        comm = b'"comm_msg"' in data
+        self.frames.append((time.monotonic(), len(data), comm, comm and b'"update"' in data))
+
+    def bytes_between(self, start: float, end: float, *, comm: bool = False, update: bool = False) -> int:
+        """Bytes received from ``start`` to ``end`` (monotonic s): all, or only comm messages / widget updates."""
+        return sum(
+            size
+            for at, size, is_comm, is_update in self.frames
+            if start <= at <= end and (is_comm or not comm) and (is_update or not update)
+        )

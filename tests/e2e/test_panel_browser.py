@@ -23,6 +23,7 @@ from test_sidebar_browser import labextension  # noqa: F401
 
 from _harness import (
     JupyterServer,
+    KernelFrames,
     artifacts_path,
     cell_outputs_text,
     open_notebook,
@@ -117,33 +118,13 @@ def _message(page: Page) -> str:
     return str(page.locator(f"{PANEL} .gm-msg").first.inner_text())
 
 
-class _WidgetTraffic:
-    """Bytes of widget state updates the browser receives on the kernel websocket."""
-
-    def __init__(self, page: Page) -> None:
-        self.frames: list[tuple[float, int]] = []
-        page.on("websocket", self._attach)
-
-    def _attach(self, ws: Any) -> None:
-        if "/api/kernels/" in ws.url:
-            ws.on("framereceived", self._frame)
-
-    def _frame(self, payload: str | bytes) -> None:
-        data = payload.encode() if isinstance(payload, str) else payload
-        if b'"comm_msg"' in data and b'"update"' in data:
-            self.frames.append((time.monotonic(), len(data)))
-
-    def bytes_between(self, start: float, end: float) -> int:
-        return sum(size for at, size in self.frames if start <= at <= end)
-
-
 def _prompt_running(cell: Locator) -> bool:
     return "*" in str(cell.locator(".jp-InputPrompt").first.inner_text())
 
 
 def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) -> None:
     page = browser_page
-    traffic = _WidgetTraffic(page)
+    traffic = KernelFrames(page)
     jupyter_server.make_notebook("panel.ipynb", [""])
     open_notebook(page, jupyter_server, "panel.ipynb")
     run_cell(page, "%load_ext gpumem")
@@ -232,12 +213,12 @@ def _free_during_a_long_cell(page: Page, message: str) -> None:
     assert still_running, f"the long cell ended before Free answered ({during}); the test proves nothing"
 
 
-def _traffic_while_shown_and_after_clearing(page: Page, traffic: _WidgetTraffic, panel_cell: Locator) -> None:
+def _traffic_while_shown_and_after_clearing(page: Page, traffic: KernelFrames, panel_cell: Locator) -> None:
     """Traffic while shown, then none once the panel's output is cleared (no view left)."""
     page.wait_for_timeout(500)  # Playwright delivers websocket events only while it is called
     shown_start = time.monotonic()
     page.wait_for_timeout(6000)
-    shown_bytes = traffic.bytes_between(shown_start, time.monotonic())
+    shown_bytes = traffic.bytes_between(shown_start, time.monotonic(), update=True)
     panel_cell.locator(".jp-InputPrompt").first.click()
     page.keyboard.press("Escape")
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-cell-output')")
@@ -248,7 +229,7 @@ def _traffic_while_shown_and_after_clearing(page: Page, traffic: _WidgetTraffic,
     page.wait_for_timeout(500)
     hidden_start = time.monotonic()
     page.wait_for_timeout(6000)
-    hidden_bytes = traffic.bytes_between(hidden_start, time.monotonic())
+    hidden_bytes = traffic.bytes_between(hidden_start, time.monotonic(), update=True)
     (artifacts_path() / "panel_browser_traffic.json").write_text(
         json.dumps(
             {
@@ -335,7 +316,7 @@ def test_first_free_click_after_a_page_reload(jupyter_server: JupyterServer, bro
     """Reload while the kernel lives: the panel re-renders, counts only the new page's view, answers
     the first click during a cell at once, and sends nothing once its output is cleared."""
     page = browser_page
-    traffic = _WidgetTraffic(page)
+    traffic = KernelFrames(page)
     jupyter_server.make_notebook("reload_click.ipynb", [""])
     open_notebook(page, jupyter_server, "reload_click.ipynb")
     run_cell(page, "%load_ext gpumem")
