@@ -32,7 +32,7 @@ def device_changes(
     changes: list[DeviceChange] = []
     for after in end.allocator:
         device = after.device
-        if devices is not None and device not in devices:
+        if not selected(device, devices):
             continue
         before = start.allocator_for(device)
         if devices is None and not _in_use(before, after):

@@ -154,15 +154,13 @@ class CellRecord(NamedTuple):
         """The biggest absolute change of any figure (CUDA allocated/reserved/peak, host RSS)."""
         largest = 0
         for change in self.devices:
-            before = change.allocated_before_bytes
             largest = max(
                 largest,
-                abs(change.allocated_after_bytes - before),
-                abs(change.reserved_after_bytes - change.reserved_before_bytes),
-                change.peak_allocated_bytes - before,
+                abs(change.allocated_delta_bytes),
+                abs(change.reserved_delta_bytes),
+                change.peak_above_start_bytes,
             )
-        host = self.host
-        return largest if host is None else max(largest, abs(host.rss_after_bytes - host.rss_before_bytes))
+        return largest if self.host is None else max(largest, abs(self.host.rss_delta_bytes))
 
 
 class CellOptions(NamedTuple):

@@ -23,7 +23,7 @@ from gpumem.core.cells.attribution import (
     not_inspected_note,
     should_attribute,
 )
-from gpumem.core.cells.changes import cuda_note, device_changes, host_change
+from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
 from gpumem.core.cells.conditions import Condition, ToldConditions, device_warnings, standing_conditions
 from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES, staircase_notes
 from gpumem.core.cells.record import (
@@ -229,9 +229,7 @@ class CellTracker:
             self.monitor.acquire(_claim_of(cell), MAX_RATE_HZ)
         reset: list[int] = []
         if not options.keep_peaks:
-            devices = options.devices
-            readings = start.allocator if devices is None else [r for r in start.allocator if r.device in devices]
-            reset = reset_raised_peaks(memory, readings)
+            reset = reset_raised_peaks(memory, [r for r in start.allocator if selected(r.device, options.devices)])
         cell.start = start
         cell.reset_devices = frozenset(reset)
         self._resets.install()
