@@ -1,6 +1,6 @@
 """What the live panel costs: bytes sent to the browser, messages, pushes, and the writer thread's CPU.
 
-Each scenario opens a panel on a monitor sampling at the default rate (2 Hz), reports a view as the front
+Each scenario opens a panel on a monitor sampling at the default rate (1 Hz), reports a view as the front
 end would, and lets the real writer thread run for ``--seconds``. Every comm message is recorded
 and sized as the kernel serializes it (Jupyter envelope included). A full window of history is
 recorded first, so every line carries as many points as it ever will. Without ``--gpu`` the source

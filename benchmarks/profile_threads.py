@@ -10,7 +10,7 @@ wall time on the writer thread (wall far above CPU: the pass waited for the GIL)
 Not a benchmark (``.ci/gpu`` runs only ``bench_*.py``): a tool for finding what to make cheaper. ``cuda`` uses
 the real sources (the allocator, NVML, the host), ``fake`` gpumem's fake allocator.
 
-    python benchmarks/profile_threads.py [cuda|fake] [busy|idle] [--seconds 10]
+    python benchmarks/profile_threads.py [cuda|fake] [busy|idle] [--seconds 10] [--no-cuda-init]
 """
 
 from __future__ import annotations
@@ -85,7 +85,15 @@ def main() -> int:
     parser.add_argument("main_thread", nargs="?", choices=("busy", "idle"), default="busy")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--settle", type=float, default=2.0, help="seconds after the panel opens, not counted")
+    parser.add_argument(
+        "--no-cuda-init", action="store_true",
+        help="leave CUDA uninitialized (then NVML is read through pynvml, which lets go of the GIL)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.source == "cuda" and not args.no_cuda_init:
+        import torch
+
+        torch.zeros(1, device="cuda")  # as in a notebook that put a tensor on the GPU
     from gpumem.panel import widget
     from gpumem.panel.traffic import CommRecorder
 

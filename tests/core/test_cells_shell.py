@@ -11,6 +11,7 @@ import pytest
 
 from _harness import cpu_holders, run_cell_capture
 from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.sampler import DEFAULT_RATE_HZ
 from gpumem.ipython import extension as _extension
 from gpumem.testing import MIB, FakeSource
 
@@ -195,12 +196,12 @@ def test_a_cell_measured_on_purpose_is_sampled_at_the_fastest_rate_and_others_ar
         ip.user_ns["sampler"] = monitor.sampler
         assert ip.run_cell("%%gpumem\ninside = sampler.rate_hz").success
         assert ip.user_ns["inside"] == 10
-        assert monitor.running and monitor.sampler.rate_hz == 2
+        assert monitor.running and monitor.sampler.rate_hz == DEFAULT_RATE_HZ
         assert ip.run_cell("%gpumem auto on").success
         assert ip.run_cell("inside = sampler.rate_hz").success
-        assert ip.user_ns["inside"] == 2
+        assert ip.user_ns["inside"] == DEFAULT_RATE_HZ
         assert ip.run_cell("%%gpumem\nraise ValueError('a failing cell gives its rate back too')").success is False
-        assert monitor.sampler.rate_hz == 2
+        assert monitor.sampler.rate_hz == DEFAULT_RATE_HZ
     finally:
         ip.user_ns.pop("sampler", None)
         _unload(ip)

@@ -23,7 +23,14 @@ from gpumem.core.monitor import Monitor
 from gpumem.core.timeline import Timeline
 from gpumem.ipython import panel_magics as widget
 from gpumem.panel import widget as widget_module
-from gpumem.panel.curves import build_curve_frame, curve_interval_s, nice_axis, read_resolution_s
+from gpumem.panel.curves import (
+    build_curve_frame,
+    curve_interval_s,
+    header_interval_s,
+    nice_axis,
+    read_resolution_s,
+    sample_rate_hz,
+)
 from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_rate, parse_threshold, parse_window
 from gpumem.panel.readings import PeakTracker
 from gpumem.panel.traffic import CommRecorder
@@ -666,29 +673,52 @@ def test_windows_are_read_from_buckets_of_at_most_two_pixels() -> None:
     frame = build_curve_frame(timeline, PanelOptions(), now, 0.0, {})
     assert frame.points_per_line == 1_202  # 601 buckets of 1 s, sent as read
     assert frame.payload_bytes == 1_202 * (8 + 2 * 4) + 6 * 900
-    assert math.isclose(curve_interval_s(PanelOptions(), frame.payload_bytes), frame.payload_bytes / 36_000)
+    assert frame.payload_bytes / 36_000 < 1.0  # the byte budget would allow more than one push a second,
+    assert curve_interval_s(PanelOptions(), frame.payload_bytes) == 1.0  # but the window asks for 1 sample a second
+    assert math.isclose(
+        curve_interval_s(PanelOptions(budget_bytes_per_s=12_000), frame.payload_bytes), frame.payload_bytes / 12_000
+    )
     minute = build_curve_frame(timeline, PanelOptions(window_s=60.0), now, 0.0, {})
     assert minute.points_per_line == 600  # raw samples
     assert (minute.x_ms / 1000).tolist() == pytest.approx([now - 600 + i * 0.1 for i in range(5_400, 6_000)])
 
 
-def test_the_panel_asks_for_one_sample_per_pixel_of_its_window(fake: tuple[FakeSource, Monitor]) -> None:
-    """2 Hz for the default 10 minutes (the monitor's own rate), 10 Hz for 1 minute, back when it closes."""
+def test_the_panel_asks_for_600_samples_a_window(fake: tuple[FakeSource, Monitor]) -> None:
+    """1 Hz for the default 10 minutes (the monitor's own rate) and for 1 hour, 10 Hz for 1 minute, back
+    when it closes."""
     _source, monitor = fake
     panel = Panel(monitor)
     panel._repr_mimebundle_()
-    assert monitor.running and monitor.sampler.rate_hz == 2
+    assert monitor.running and monitor.sampler.rate_hz == 1
     narrow = Panel(monitor, window="1m")
     narrow._repr_mimebundle_()
     assert monitor.sampler.rate_hz == 10
     narrow._window.value = "1 h"  # the user picks a longer window: the writer thread applies it
-    _wait_until(lambda: monitor.sampler.rate_hz == 2)
+    _wait_until(lambda: monitor.sampler.rate_hz == 1)
     narrow._window.value = "1 min"
     _wait_until(lambda: monitor.sampler.rate_hz == 10)
     narrow.close()
-    assert monitor.sampler.rate_hz == 2
+    assert monitor.sampler.rate_hz == 1
     panel.close()
     assert not monitor.running
+
+
+def test_pushes_come_no_faster_than_the_panels_samples() -> None:
+    """The header and curves of the 10-minute window once a second (one new sample each), the 1-minute
+    window's at the 2-a-second cap, the hour's header once a second and its curves as it scrolls a pixel."""
+    ten = PanelOptions()
+    assert sample_rate_hz(ten) == 1.0 and header_interval_s(ten) == 1.0 and curve_interval_s(ten, 0) == 1.0
+    minute = PanelOptions(window_s=60.0)
+    assert sample_rate_hz(minute) == 10.0 and header_interval_s(minute) == 0.5
+    assert curve_interval_s(minute, 0) == 0.5
+    hour = PanelOptions(window_s=3600.0)
+    assert sample_rate_hz(hour) == 1.0 and header_interval_s(hour) == 1.0
+    assert curve_interval_s(hour, 0) == pytest.approx(3.6)
+    everything = PanelOptions(window_s=None)
+    assert sample_rate_hz(everything) == 1.0 and curve_interval_s(everything, 0) == 5.0
+    fast = PanelOptions(window_s=60.0, rate_hz=10.0)  # --rate 10: as fast as the 1-minute window's samples
+    assert header_interval_s(fast) == pytest.approx(0.1)
+    assert header_interval_s(PanelOptions(rate_hz=10.0)) == 1.0  # 10 minutes: no faster than its samples
 
 
 def test_the_readers_status_is_asked_again_only_when_cuda_comes_into_use_or_it_grew_old(
@@ -723,3 +753,31 @@ def test_the_readers_status_is_asked_again_only_when_cuda_comes_into_use_or_it_g
     panel._service(force=True)
     assert len(asked) == 4  # a refresh asked for reads everything afresh
     monitor.stop()
+
+
+def test_a_push_follows_the_sample_it_shows(fake: tuple[FakeSource, Monitor]) -> None:
+    """At the default 1 Hz each push shows a sample taken just before it, not one up to a second old,
+    and never the same sample twice."""
+    _source, monitor = fake
+    panel = Panel(monitor)
+    pushes: list[tuple[float, float]] = []  # (when pushed, when the sample it shows was taken)
+    original = panel._push_curves
+
+    def recording(now: float) -> float:
+        latest = panel._readings.latest()
+        assert latest is not None
+        pushes.append((now, latest.monotonic_s))
+        return original(now)
+
+    panel._push_curves = recording  # type: ignore[method-assign]
+    monitor.acquire("another user")  # the sampler already runs at 1 Hz, out of step with the panel's opening
+    time.sleep(0.5)
+    panel.set_state({"_view_count": 1})  # shown: the pushes fall into step with the samples
+    _wait_until(lambda: len(pushes) >= 6, timeout_s=15.0)
+    panel.close()
+    monitor.release("another user")
+    steady = pushes[1:]  # the first push shows the figures read at opening
+    ages = [pushed - sampled for pushed, sampled in steady]
+    assert max(ages) < 0.2, ages
+    assert len({sampled for _pushed, sampled in steady}) == len(steady)
+    assert all(0.8 < b[0] - a[0] < 1.3 for a, b in itertools.pairwise(steady)), steady

@@ -24,12 +24,12 @@ from gpumem.core.timeline import Timeline
 __all__ = ["DEFAULT_RATE_HZ", "MAX_RATE_HZ", "Sampler", "SamplerCost", "channels_of"]
 
 # Next to a busy training loop one sample costs about 0.4 ms of CPU (cold caches and a GIL hand-off,
-# not the reads themselves: BENCHMARKS.md), so the sampler runs only as fast as its users need. 2 Hz
-# is one sample per pixel of the panel's default 10-minute window; a view that needs more asks for it
+# not the reads themselves: BENCHMARKS.md), so the sampler runs only as fast as its users need. 1 Hz
+# gives the panel's default 10-minute window 600 samples; a view that needs more asks for it
 # (``Monitor.acquire(user, rate_hz=...)``). Exact per-cell peaks come from the allocator's counters.
-DEFAULT_RATE_HZ = 2.0
+DEFAULT_RATE_HZ = 1.0
 MAX_RATE_HZ = 10.0  # the fastest a view asks for (a 1-minute window); scripts may choose any rate
-RECENT_READS = 256  # read durations kept for the typical and slowest recent read (about 2 min at 2 Hz)
+RECENT_READS = 256  # read durations kept for the typical and slowest recent read (about 4 min at 1 Hz)
 
 Listener = Callable[[Snapshot], None]
 

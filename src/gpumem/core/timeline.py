@@ -47,7 +47,7 @@ class Level(NamedTuple):
     capacity: int
 
 
-# 9,000 raw samples (75 min at the sampler's default 2 Hz, 15 min at 10 Hz), 6 h at 1 s, 7 days at 30 s.
+# 9,000 raw samples (2.5 h at the sampler's default 1 Hz, 15 min at 10 Hz), 6 h at 1 s, 7 days at 30 s.
 DEFAULT_LEVELS: tuple[Level, ...] = (Level(0.0, 9_000), Level(1.0, 21_600), Level(30.0, 20_160))
 
 

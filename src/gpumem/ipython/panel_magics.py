@@ -50,7 +50,10 @@ def _panel_arguments(func: _F) -> _F:
                 "-r",
                 "--rate",
                 default=str(DEFAULT_RATE_HZ),
-                help=f"most updates per second sent to the browser, 0.2 to 10 (default {DEFAULT_RATE_HZ:g})",
+                help=(
+                    f"most updates per second sent to the browser, 0.2 to 10 (default {DEFAULT_RATE_HZ:g}); "
+                    "never more than the window's samples: 1 a second for 10 min, 10 for 1 min"
+                ),
             ),
             argument("--host", action="store_true", help="also plot this process's host RSS"),
             argument("--full-scale", action="store_true", help="y axis up to the device capacity"),

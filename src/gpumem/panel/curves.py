@@ -27,6 +27,7 @@ __all__ = [
     "build_curve_frame",
     "choose_curves",
     "curve_interval_s",
+    "header_interval_s",
     "label_spaced_marks",
     "nice_axis",
     "read_resolution_s",
@@ -37,6 +38,12 @@ __all__ = [
 
 # Pushing faster than the window scrolls by one pixel of this nominal width draws nothing new.
 NOMINAL_PLOT_WIDTH_PX = 1000
+# A window is sampled this many times over its span: 1 Hz for 10 minutes, a point per 1.7 px or less on
+# the widest plot; a line between samples drawn closer than that looks the same. Next to a busy training
+# loop each sample costs a few hundred microseconds of CPU (BENCHMARKS.md), so no more are taken.
+SAMPLES_PER_WINDOW = 600
+# The header's figures come from the newest sample: slower than this and they would lag visibly.
+MIN_SAMPLE_RATE_HZ = 1.0
 # Marker labels beyond this many in the window are dropped, oldest first, to keep them readable.
 MAX_CELL_MARKS = 40
 # Room between two cell-marker labels, and the width of one character of their 11 px font (a bound).
@@ -271,15 +278,21 @@ def _mark_label(label: str) -> str:
 
 
 def sample_rate_hz(options: PanelOptions) -> float:
-    """How often the panel needs a sample: one per pixel of its window, and one per header push, up to
-    the sampler's fastest view rate (a 1-minute window asks for that; the default 10 minutes, for 2 Hz)."""
-    per_pixel = NOMINAL_PLOT_WIDTH_PX / options.window_s if options.window_s is not None else 0.0
-    return min(MAX_SAMPLE_RATE_HZ, max(options.rate_hz, per_pixel))
+    """How often the panel needs a sample: :data:`SAMPLES_PER_WINDOW` across its window, at least
+    :data:`MIN_SAMPLE_RATE_HZ`, at most the sampler's fastest view rate (1 minute asks for that; the
+    default 10 minutes, for 1 Hz)."""
+    per_window = SAMPLES_PER_WINDOW / options.window_s if options.window_s is not None else 0.0
+    return min(MAX_SAMPLE_RATE_HZ, max(MIN_SAMPLE_RATE_HZ, per_window))
+
+
+def header_interval_s(options: PanelOptions) -> float:
+    """Seconds between header pushes: the rate cap, and never faster than the panel's samples come."""
+    return max(1.0 / options.rate_hz, 1.0 / sample_rate_hz(options))
 
 
 def curve_interval_s(options: PanelOptions, payload_bytes: int) -> float:
-    """Seconds until the next curve push: the rate cap, one pixel of scroll, and the byte budget."""
-    interval = 1.0 / options.rate_hz
+    """Seconds until the next curve push: the header's interval, one pixel of scroll, and the byte budget."""
+    interval = header_interval_s(options)
     if options.window_s is not None:
         interval = max(interval, options.window_s / NOMINAL_PLOT_WIDTH_PX)
     else:

@@ -47,13 +47,14 @@ WINDOW_PRESETS: tuple[tuple[str, float | None], ...] = (
 DEFAULT_WINDOW_S = 600.0
 MIN_WINDOW_S = 5.0
 DEFAULT_THRESHOLD = 0.9
-# Curves and header are pushed at most this often; bqplot re-sends and redraws whole lines each time.
+# Curves and header are pushed at most this often, and never faster than the panel's samples come (once a
+# second for the default 10 minutes, twice for 1 minute); bqplot re-sends and redraws whole lines each time.
 DEFAULT_RATE_HZ = 2.0
 MIN_RATE_HZ = 0.2
 MAX_RATE_HZ = 10.0
 # A line is drawn across ~1000 px: min/max pairs at one per pixel keep every peak visible. The default
-# 10-minute window is at most 1202 points, sent as read with no decimation to do: 1201 samples at 2 Hz,
-# or, sampled faster, 601 one-second buckets of two points each (the first straddles the window's start).
+# 10-minute window is at most 1202 points, sent as read with no decimation to do: 601 samples at 1 Hz, 1201
+# at 2 Hz, or, sampled faster, 601 one-second buckets of two points each (the first straddles the window's start).
 DEFAULT_POINTS_PER_LINE = 1250
 MIN_POINTS_PER_LINE = 4
 MAX_POINTS_PER_LINE = 2000
