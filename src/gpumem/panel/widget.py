@@ -405,12 +405,13 @@ class Panel(PanelView):
         frame = label_spaced_marks(frame, self._options.plot_width_px)
         self.show_frame(frame)
         self._last_frame = frame
-        interval = curve_interval_s(self._options, frame.payload_bytes)
+        payload_bytes = frame.payload_bytes
+        interval = curve_interval_s(self._options, payload_bytes)
         self._stats = self._stats._replace(
             curve_pushes=self._stats.curve_pushes + 1,
             points_per_line=frame.points_per_line,
             curves=len(frame.curves),
-            last_payload_bytes=frame.payload_bytes,
+            last_payload_bytes=payload_bytes,
             last_interval_s=interval,
         )
         return interval
