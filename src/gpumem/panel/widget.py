@@ -297,8 +297,10 @@ class Panel(PanelView):
         if force:
             self._status_cache = None  # asked for now: everything read afresh
         now = time.monotonic()
-        visible = self._views.visible(now)
-        self._stats = self._stats._replace(views=self._views.shown(), visible=visible)
+        shown = self._views.shown()
+        visible = self._views.visible(now, shown)
+        if (shown, visible) != (self._stats.views, self._stats.visible):
+            self._stats = self._stats._replace(views=shown, visible=visible)
         if not force and (self._paused or not visible):
             return now + IDLE_WAIT_S
         schedule = self._schedule
