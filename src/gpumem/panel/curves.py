@@ -145,8 +145,12 @@ def _unit_for(max_bytes: float) -> tuple[str, int]:
     return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
 
 
+@functools.lru_cache(maxsize=32)
 def nice_axis(top: float, target: int = 5) -> tuple[float, tuple[float, ...]]:
-    """An axis from 0 covering ``top``: round steps (1, 2, 2.5 or 5 times a power of ten) and its ticks."""
+    """An axis from 0 covering ``top``: round steps (1, 2, 2.5 or 5 times a power of ten) and its ticks.
+
+    Kept per ``top``: the highest value of a window, and so ``top``, mostly stays the same from push to push.
+    """
     if not (top > 0 and math.isfinite(top)):
         return 1.0, (0.0, 0.5, 1.0)
     raw = top / target
