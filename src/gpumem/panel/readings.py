@@ -67,8 +67,10 @@ class PeakTracker:
 
     @property
     def value(self) -> float | None:
-        candidates = [v for v in (self._sampled, self._counter_peak) if v is not None]
-        return max(candidates) if candidates else None
+        sampled, counter = self._sampled, self._counter_peak
+        if sampled is None or counter is None:
+            return counter if sampled is None else sampled
+        return max(sampled, counter)
 
     @property
     def exact(self) -> bool:
