@@ -384,3 +384,23 @@ def test_the_store_imports_numpy_only_when_read():
     command = [sys.executable, "-c", code]
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_reading_folds_open_buckets_in_without_changing_them():
+    """A read takes each level's open bucket (and the finer open ones folded into it) as it is: the
+    store, open buckets included, is the same after any number of reads, and so is what they give."""
+    timeline = Timeline([Level(0.0, 8), Level(1.0, 4), Level(5.0, 100)])
+    spikes = {13: 9.0, 27: -4.0, 41: 7.5}
+    for i in range(43):  # the raw and 1 s levels have wrapped; the 5 s level has an open bucket
+        timeline.append(i * 0.5, {"a": spikes.get(i, float(i % 3)), "b": float(-i)})
+    before = timeline.store_state()
+    assert before["levels"][1]["open"] is not None
+    assert before["levels"][2]["open"] is not None
+    first = timeline.window(0.0, 21.0, max_points=500, resolution_s=5.0)
+    second = timeline.window(0.0, 21.0, max_points=500, resolution_s=5.0)
+    assert repr(timeline.store_state()) == repr(before)
+    assert first == second
+    assert max(first.values["a"]) == 9.0
+    assert min(first.values["a"]) == -4.0
+    assert 7.5 in first.values["a"]  # only in the open buckets, not in any ring yet
+    assert min(first.values["b"]) == -42.0

@@ -323,11 +323,13 @@ class Timeline:
         finer: list[tuple[int, Row]] = []
         for index in range(1, len(self._levels)):
             opened = self._open[index]
-            buckets = [opened.copy()] if opened is not None else []
+            buckets = [opened] if opened is not None else []
             for key, row in finer:
                 coarse = self._key_above(index, key)
                 if not buckets or buckets[-1].key != coarse:
                     buckets.append(Bucket(coarse, len(self._channels)))
+                elif buckets[-1] is opened:  # the level's own open bucket: copied only when rows go in
+                    buckets[-1] = opened.copy()
                 buckets[-1].add_row(row)
             finer = [(bucket.key, bucket.row()) for bucket in buckets]
             tails.append(finer)

@@ -7,6 +7,7 @@ one push of the plot needs, without any widget. :func:`curve_interval_s` says wh
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 from collections.abc import Mapping, Sequence
@@ -108,6 +109,17 @@ def choose_curves(channels: Sequence[str], device: int | None, show_host: bool) 
     return tuple(curves)
 
 
+@functools.lru_cache(maxsize=16)
+def _plotted(
+    channels: tuple[str, ...], device: int | None, show_host: bool
+) -> tuple[tuple[Curve, ...], tuple[int, ...]]:
+    """The curves and the devices they show, for one set of channels and choices: the same every push
+    until a channel appears or a choice changes, so they are worked out once per key, not per push."""
+    curves = choose_curves(channels, device, show_host)
+    shown = sorted({int(c.channel.split("/")[0][5:]) for c in curves if c.channel.startswith("cuda:")})
+    return curves, tuple(shown)
+
+
 class CurveFrame(NamedTuple):
     """One push of the plot: shared x, one row of y per curve, axis ranges, capacity and cell markers."""
 
@@ -140,8 +152,12 @@ def _unit_for(max_bytes: float) -> tuple[str, int]:
     return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
 
 
+@functools.lru_cache(maxsize=32)
 def nice_axis(top: float, target: int = 5) -> tuple[float, tuple[float, ...]]:
-    """An axis from 0 covering ``top``: round steps (1, 2, 2.5 or 5 times a power of ten) and its ticks."""
+    """An axis from 0 covering ``top``: round steps (1, 2, 2.5 or 5 times a power of ten) and its ticks.
+
+    Kept per ``top``: the highest value of a window, and so ``top``, mostly stays the same from push to push.
+    """
     if not (top > 0 and math.isfinite(top)):
         return 1.0, (0.0, 0.5, 1.0)
     raw = top / target
@@ -169,14 +185,13 @@ def build_curve_frame(
     ``capacities`` maps device index to total bytes; ``host_total_bytes`` is the machine's RAM, the
     full scale when only the host is plotted.
     """
-    curves = choose_curves(timeline.channels, options.device, options.show_host)
+    curves, shown_devices = _plotted(tuple(timeline.channels), options.device, options.show_host)
     start = -math.inf if options.window_s is None else now_s - options.window_s
     points = max(MIN_POINTS_PER_LINE, min(options.points_per_line, MAX_POINTS_PER_LINE))
     resolution_s = read_resolution_s(options.window_s)
     times, data = _read_window(timeline, start, now_s, points, [c.channel for c in curves], resolution_s)
     finite = data[np.isfinite(data)]
     data_max = float(finite.max()) if finite.size else 0.0
-    shown_devices = sorted({int(c.channel.split("/")[0][5:]) for c in curves if c.channel.startswith("cuda:")})
     caps = [capacities[d] for d in shown_devices if capacities.get(d)]
     top = data_max * 1.08
     if caps and (options.full_scale or max(caps) <= data_max * 1.6):
@@ -212,9 +227,11 @@ def with_span_mark(frame: CurveFrame, time_s: float | None, label: str, wall_off
     x_ms = (time_s + wall_offset_s) * 1000.0
     if not (frame.x_min_ms < x_ms <= frame.x_max_ms and frame.x_ms[0] < x_ms):
         return frame
-    at = int(np.searchsorted(frame.mark_x_ms, x_ms))
+    marks = frame.mark_x_ms
+    at = int(marks.searchsorted(x_ms))
     labels = (*frame.mark_labels[:at], label, *frame.mark_labels[at:])
-    return frame._replace(mark_x_ms=np.insert(frame.mark_x_ms, at, x_ms), mark_labels=labels)
+    # What np.insert gives, without its generic path (every push passes here).
+    return frame._replace(mark_x_ms=np.concatenate((marks[:at], (x_ms,), marks[at:])), mark_labels=labels)
 
 
 def label_spaced_marks(frame: CurveFrame, plot_width_px: float) -> CurveFrame:

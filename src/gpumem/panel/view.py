@@ -136,6 +136,8 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         self._last_marks_key: tuple[Any, ...] | None = None
         self._last_devices: tuple[int, ...] | None = None
         self._last_curves: tuple[Any, ...] | None = None
+        self._last_axes: tuple[Any, ...] | None = None  # x ends, tick format, y max, unit: as last set
+        self._last_legend_key: tuple[Any, ...] | None = None
         super().__init__(
             # Free's result right under its button; the display settings after it.
             children=[style, self._header, self._legend, figure, actions, self._message, settings],
@@ -325,18 +327,27 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         self._show_axes(frame)
         self._show_lines(frame)
         self._show_marks(frame)
-        legend = render_legend(frame)
-        if legend != self._legend.value:
-            self._legend.value = legend
+        # The legend is rendered again only when what it lists changed (most pushes change none of it).
+        legend_key = (frame.curves, bool(frame.capacity), frame.capacity_off_scale, bool(frame.mark_labels))
+        if legend_key != self._last_legend_key:
+            self._last_legend_key = legend_key
+            legend = render_legend(frame)
+            if legend != self._legend.value:
+                self._legend.value = legend
 
     def _show_axes(self, frame: CurveFrame) -> None:
         # While curves are drawn they carry the window's two ends (see _show_lines) and the date scale
         # fits itself to them: one message a push fewer. With nothing drawn, the ends are set here.
-        ends = (None, None) if _draws_lines(frame) else (_date(frame.x_min_ms), _date(frame.x_max_ms))
+        x_ends = (None, None) if _draws_lines(frame) else (frame.x_min_ms, frame.x_max_ms)
+        tick_format = "%H:%M:%S" if (frame.x_max_ms - frame.x_min_ms) <= _SECONDS_TICKS_UP_TO_MS else "%H:%M"
+        axes = (x_ends, tick_format, frame.y_max, frame.unit)
+        if axes == self._last_axes:
+            return  # the usual push: nothing about the axes changed, no trait is read or set
+        self._last_axes = axes
+        ends = (None, None) if x_ends[0] is None else (_date(frame.x_min_ms), _date(frame.x_max_ms))
         if (self._x_scale.min, self._x_scale.max) != ends:
             with self._x_scale.hold_sync():
                 self._x_scale.min, self._x_scale.max = ends
-        tick_format = "%H:%M:%S" if (frame.x_max_ms - frame.x_min_ms) <= _SECONDS_TICKS_UP_TO_MS else "%H:%M"
         if self._x_axis.tick_format != tick_format:
             self._x_axis.tick_format = tick_format
         # The ticks and their unit in one message: apart, a page could draw MiB ticks labelled GiB.
@@ -377,7 +388,7 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             self._capacity.visible = False
 
     def _show_marks(self, frame: CurveFrame) -> None:
-        marks_key = (tuple(frame.mark_x_ms.tolist()), frame.mark_labels, frame.y_max)
+        marks_key = (frame.mark_x_ms.tobytes(), frame.mark_labels, frame.y_max)
         if marks_key == self._last_marks_key:
             return
         self._last_marks_key = marks_key

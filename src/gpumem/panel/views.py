@@ -49,8 +49,9 @@ class ViewCount:
         gone = pages_gone(page for page, _ in counts)
         return sum(max(0, count) for page, count in counts if page not in gone)
 
-    def visible(self, now: float) -> bool:
-        if self.shown() > 0:
+    def visible(self, now: float, shown: int | None = None) -> bool:
+        """Whether a view is shown; ``shown`` is :meth:`shown` when the caller has just asked it."""
+        if (self.shown() if shown is None else shown) > 0:
             return True
         shown_at = self.displayed_at
         return not self.reported and shown_at is not None and now - shown_at < UNREPORTED_VIEW_GRACE_S

@@ -305,8 +305,10 @@ class Panel(PanelView):
         if force:
             self._status_cache = None  # asked for now: everything read afresh
         now = time.monotonic()
-        visible = self._views.visible(now)
-        self._stats = self._stats._replace(views=self._views.shown(), visible=visible)
+        shown = self._views.shown()
+        visible = self._views.visible(now, shown)
+        if (shown, visible) != (self._stats.views, self._stats.visible):
+            self._stats = self._stats._replace(views=shown, visible=visible)
         if not force and (self._paused or not visible):
             return now + IDLE_WAIT_S
         schedule = self._schedule
@@ -432,12 +434,13 @@ class Panel(PanelView):
         frame = label_spaced_marks(frame, self._options.plot_width_px)
         self.show_frame(frame)
         self._last_frame = frame
-        interval = curve_interval_s(self._options, frame.payload_bytes)
+        payload_bytes = frame.payload_bytes
+        interval = curve_interval_s(self._options, payload_bytes)
         self._stats = self._stats._replace(
             curve_pushes=self._stats.curve_pushes + 1,
             points_per_line=frame.points_per_line,
             curves=len(frame.curves),
-            last_payload_bytes=frame.payload_bytes,
+            last_payload_bytes=payload_bytes,
             last_interval_s=interval,
         )
         return interval
