@@ -93,7 +93,8 @@ def main() -> int:
     if args.source == "cuda" and not args.no_cuda_init:
         import torch
 
-        torch.zeros(1, device="cuda")  # as in a notebook that put a tensor on the GPU
+        if torch.cuda.is_available():
+            torch.zeros(1, device="cuda")  # as in a notebook that put a tensor on the GPU
     from gpumem.panel import widget
     from gpumem.panel.traffic import CommRecorder
 

@@ -65,6 +65,29 @@ def test_host_rss_from_statm_is_psutils_figure_and_psutil_takes_over_when_it_fai
     assert abs(fallback.rss_bytes - process.memory_info().rss) < 16 * 2**20
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/meminfo is Linux's")
+def test_machine_memory_from_meminfo_is_psutils_figure_and_psutil_takes_over_without_it(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    from gpumem.core import sources
+
+    source = HostSource()
+    assert source._meminfo is not None and source._meminfo._pread is not None  # read with the GIL held
+    pairs = []
+    for _ in range(5):
+        reading = source.read(machine_max_age_s=0.0)
+        assert reading is not None
+        memory = psutil.virtual_memory()
+        assert reading.total_bytes == memory.total
+        pairs.append((reading.available_bytes, memory.available))
+    assert any(ours == theirs for ours, theirs in pairs), pairs  # the same figure when nothing moved between reads
+    # A kernel that does not report MemAvailable: psutil (which then estimates it) from now on.
+    monkeypatch.setattr(sources._Meminfo, "read", lambda self: b"MemTotal:       1024 kB\nMemFree:        512 kB\n")
+    fallback = source.read(machine_max_age_s=0.0)
+    assert fallback is not None and source._meminfo is None
+    assert fallback.total_bytes == psutil.virtual_memory().total
+    assert sources._meminfo_kib(b"MemTotal:       1024 kB\nMemAvailable:    256 kB\n", b"MemAvailable:") == 256
+
+
 def test_torch_source_says_why_it_is_unavailable_without_touching_cuda(monkeypatch):
     source = TorchAllocatorSource()
     monkeypatch.delitem(sys.modules, "torch", raising=False)

@@ -156,19 +156,15 @@ class TorchAllocatorSource:
         return torch.cuda.get_device_properties(device)
 
 
-class _Statm:
-    """This process's RSS from ``/proc/self/statm``, read through one open file: the figure psutil reports
-    (resident pages x page size), at a sixth of its cost when the caches are cold, as at a cell's start.
+class _ProcFile:
+    """A small procfs file kept open and read whole from offset 0 with libc's ``pread``, called with the GIL
+    held (``ctypes.PyDLL``): reading it never blocks, and a sampler thread that let go of the GIL for each
+    system call (open, read, close) would wait for a busy main thread to hand it back (up to the 5 ms
+    switch interval) once per call, once more per sample."""
 
-    The read goes through libc's ``pread`` called with the GIL held (``ctypes.PyDLL``): reading this small
-    procfs file never blocks, and a sampler thread that let go of the GIL for it would have to wait for the
-    busy main thread to hand it back (up to the 5 ms switch interval), once more per sample.
-    """
-
-    def __init__(self) -> None:
-        self._file = io.FileIO("/proc/self/statm", "rb")  # closed with this object
-        self._page_bytes = os.sysconf("SC_PAGE_SIZE")
-        self._buffer = ctypes.create_string_buffer(_STATM_BYTES)
+    def __init__(self, path: str, size: int) -> None:
+        self._file = io.FileIO(path, "rb")  # closed with this object
+        self._size = size
         self._pread: Any = None
         with contextlib.suppress(OSError, AttributeError):
             pread = ctypes.PyDLL(None).pread
@@ -176,24 +172,63 @@ class _Statm:
             pread.restype = ctypes.c_ssize_t
             self._pread = pread
 
-    def rss_bytes(self) -> int:
+    def read(self) -> bytes:
         fd = self._file.fileno()
         if self._pread is None:
-            data = os.pread(fd, _STATM_BYTES, 0)
-        else:
-            count = self._pread(fd, self._buffer, _STATM_BYTES, 0)
-            if count <= 0:
-                raise OSError("reading /proc/self/statm failed")
-            data = self._buffer.raw[:count]
-        return int(data.split()[1]) * self._page_bytes
+            return os.pread(fd, self._size, 0)
+        buffer = ctypes.create_string_buffer(self._size)  # one per read: the sampler and a cell's hook may overlap
+        count = self._pread(fd, buffer, self._size, 0)
+        if count <= 0:
+            raise OSError(f"reading {self._file.name} failed")
+        return buffer.raw[:count]
 
 
-_STATM_BYTES = 128  # seven decimal page counts: far less than this
+class _Statm(_ProcFile):
+    """This process's RSS from ``/proc/self/statm``: the figure psutil reports (resident pages x page
+    size), at a sixth of its cost when the caches are cold, as at a cell's start."""
+
+    def __init__(self) -> None:
+        super().__init__("/proc/self/statm", 128)  # seven decimal page counts: far less than this
+        self._page_bytes = os.sysconf("SC_PAGE_SIZE")
+
+    def rss_bytes(self) -> int:
+        return int(self.read().split()[1]) * self._page_bytes
+
+
+class _Meminfo(_ProcFile):
+    """The machine's total and available memory from ``/proc/meminfo``: the figures psutil's
+    ``virtual_memory()`` reports on Linux (MemTotal, MemAvailable), without its three system calls."""
+
+    def __init__(self) -> None:
+        super().__init__("/proc/meminfo", 4096)  # the two lines read are its first and third
+
+    def total_and_available(self) -> tuple[int, int] | None:
+        """Bytes; None where the kernel does not report MemAvailable (before Linux 3.14)."""
+        data = self.read()
+        total, available = _meminfo_kib(data, b"MemTotal:"), _meminfo_kib(data, b"MemAvailable:")
+        if total is None or available is None:
+            return None
+        return total * 1024, available * 1024
+
+
+def _meminfo_kib(data: bytes, key: bytes) -> int | None:
+    at = data.find(key)
+    if at < 0:
+        return None
+    end = data.find(b"kB", at)
+    return int(data[at + len(key) : end]) if end > 0 else None
 
 
 def _open_statm() -> _Statm | None:
     try:
         return _Statm() if sys.platform.startswith("linux") else None
+    except (OSError, ValueError):
+        return None
+
+
+def _open_meminfo() -> _Meminfo | None:
+    try:
+        return _Meminfo() if sys.platform.startswith("linux") else None
     except (OSError, ValueError):
         return None
 
@@ -205,6 +240,7 @@ class HostSource:
         self._process: Any | None = None
         self._psutil: Any | None = None
         self._statm: _Statm | None = None
+        self._meminfo: _Meminfo | None = _open_meminfo()
         self._reason: str | None = None
         self._pid = -1
         self._available_cache: tuple[float, int, int] = (-1.0, 0, 0)
@@ -238,9 +274,7 @@ class HostSource:
         now = time.monotonic()
         stamp, available, total = self._available_cache
         if now - stamp > machine_max_age_s or stamp < 0:
-            assert self._psutil is not None
-            memory = self._psutil.virtual_memory()
-            available, total = int(memory.available), int(memory.total)
+            total, available = self._machine_memory()
             self._available_cache = (now, available, total)
         return HostReading(
             rss_bytes=rss,
@@ -249,6 +283,21 @@ class HostSource:
             total_bytes=total,
         )
 
+
+    def _machine_memory(self) -> tuple[int, int]:
+        """Total and available bytes of the machine."""
+        meminfo = self._meminfo
+        if meminfo is not None:
+            try:
+                figures = meminfo.total_and_available()
+            except (OSError, ValueError):
+                figures = None
+            if figures is not None:
+                return figures
+            self._meminfo = None  # an unusual /proc: psutil from now on
+        assert self._psutil is not None
+        memory = self._psutil.virtual_memory()
+        return int(memory.total), int(memory.available)
 
     def _rss_bytes(self, process: Any) -> int:
         statm = self._statm
