@@ -12,6 +12,7 @@ and linked into the test's Jupyter data directory, as ``jupyter labextension dev
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -459,6 +460,44 @@ def test_publisher_sends_a_comm_a_payload_only_when_it_changed(frontend: Any, mo
     while not (len(comm.sent) == 5 and comm.sent[-1] is payload):
         assert time.monotonic() < deadline, comm.sent
         time.sleep(0.02)
+
+
+def test_publisher_publishes_with_the_samplers_beat(frontend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the sampler runs (here at 1 Hz, out of step with the comm's opening), each publication goes
+    right after a sample: what the status bar shows is fresh, and the thread wakes with the sampler."""
+    from gpumem.core.monitor import Monitor
+    from gpumem.testing import FakeSource
+
+    monitor = Monitor(FakeSource())
+    monkeypatch.setattr("gpumem.core.monitor._default", monitor)
+    monkeypatch.setattr(frontend, "PUBLISH_INTERVAL_S", 1.0)
+    monkeypatch.setattr(frontend, "_last_external_publish", 0.0)
+    sampled: list[float] = []
+    monitor.sampler.add_listener(lambda snapshot: sampled.append(snapshot.monotonic_s))
+    published: list[float] = []
+
+    def provider() -> dict[str, Any]:
+        published.append(time.monotonic())
+        return {"devices": [], "host": {"rss_bytes": len(published)}, "cuda_in_use": False}
+
+    frontend.set_status_provider(provider)
+    monitor.acquire("test")
+    try:
+        time.sleep(0.5)
+        shell = FakeShell()
+        frontend.register_status_target(shell)
+        shell.kernel.comm_manager.open_from_frontend()
+        deadline = time.monotonic() + 15
+        while len(published) < 7:
+            assert time.monotonic() < deadline, published
+            time.sleep(0.02)
+    finally:
+        monitor.release("test")
+        monitor.stop()
+    steady = published[2:]  # the announcement and the answer to the comm's request come first
+    ages = [at - max(t for t in sampled if t <= at) for at in steady]
+    assert max(ages) < 0.2, ages
+    assert all(0.8 < b - a < 1.3 for a, b in itertools.pairwise(steady)), steady
 
 
 def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.MonkeyPatch) -> None:

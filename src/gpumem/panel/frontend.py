@@ -266,6 +266,7 @@ def _unregister_locked() -> list[_StatusComm]:
     manager = _registered_manager
     _registered_manager = None
     _publisher_stop.set()
+    _reader.interrupt()
     if manager is not None:
         with contextlib.suppress(Exception):
             manager.unregister_target(STATUS_TARGET, _on_comm_open)
@@ -497,7 +498,7 @@ def _publish_loop() -> None:
     global _publisher
     _reader.start()
     try:
-        while not _publisher_stop.wait(PUBLISH_INTERVAL_S):
+        while _reader.wait_until_due(time.monotonic() + PUBLISH_INTERVAL_S, _publisher_stop):
             with _lock:
                 if not any(e.confirmed for e in _comms.values()):
                     if _publisher is threading.current_thread():

@@ -15,8 +15,10 @@ the monitor's source stays the one reader of torch, NVML and psutil.
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpumem.core.monitor import default_monitor
@@ -26,8 +28,10 @@ from gpumem.panel.readings import Readings, capacities_of, describe_device
 __all__ = ["FRESH_S", "StatusPayload", "StatusReader", "status_payload"]
 
 StatusPayload = dict[str, Any]
-# A sample younger than this answers a request; the sampler takes one every 0.5 s by default.
+# A sample younger than this answers a request; the sampler takes one every second by default.
 FRESH_S = 2.5
+# How long after it was due a publication waits for a sample before it goes without one.
+SAMPLE_LATE_S = 0.25
 
 
 def status_payload(snapshot: Snapshot, infos: Mapping[int, DeviceInfo | None]) -> StatusPayload:
@@ -59,7 +63,29 @@ class StatusReader:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._readings: Readings | None = None
+        self._listener: Callable[[Snapshot], None] | None = None
         self._users = 0
+        self._woken = threading.Event()
+        self._wake_at = math.inf  # monotonic s: a sample from then on ends wait_until_due
+
+    def wait_until_due(self, due: float, stop: threading.Event) -> bool:
+        """Sleep until ``due``; while the sampler runs, until its first sample from half a period before
+        ``due`` on instead (at most a sample period late), so that what is published is that fresh sample
+        and this thread wakes with the sampler rather than on a clock of its own. False once ``stop`` is set.
+        """
+        sampler = default_monitor().sampler
+        lead = 0.5 / sampler.rate_hz if sampler.running else 0.0
+        self._woken.clear()
+        if stop.is_set():
+            return False
+        self._wake_at = due - lead if lead else math.inf
+        self._woken.wait(max(0.0, due - time.monotonic() + (lead + SAMPLE_LATE_S if lead else 0.0)))
+        self._wake_at = math.inf
+        return not stop.is_set()
+
+    def interrupt(self) -> None:
+        """End a wait_until_due now (the publisher is being stopped)."""
+        self._woken.set()
 
     def start(self) -> None:
         with self._lock:
@@ -102,11 +128,20 @@ class StatusReader:
         if self._readings is not None and self._readings.monitor is monitor:
             return self._readings
         self._detach_locked()
-        self._readings = Readings(monitor)
-        monitor.sampler.add_listener(self._readings.note)
-        return self._readings
+        readings = self._readings = Readings(monitor)
+
+        def on_sample(snapshot: Snapshot) -> None:
+            readings.note(snapshot)
+            if time.monotonic() >= self._wake_at:
+                self._wake_at = math.inf
+                self._woken.set()
+
+        self._listener = on_sample
+        monitor.sampler.add_listener(on_sample)
+        return readings
 
     def _detach_locked(self) -> None:
         readings, self._readings = self._readings, None
-        if readings is not None:
-            readings.monitor.sampler.remove_listener(readings.note)
+        listener, self._listener = self._listener, None
+        if readings is not None and listener is not None:
+            readings.monitor.sampler.remove_listener(listener)
