@@ -1,15 +1,16 @@
-"""Cost of ``%%gpumem --trace``.
+"""Cost of ``%%gpumem --trace`` and ``--profile``, side by side with no gpumem.
 
 GPU half (skipped, exit 0, where CUDA is absent): the training cell (8 x Linear(1024), AdamW, batch 256,
-300 steps) run in a real IPython shell as three variants, in paired, interleaved rounds (the order
-rotates): ``plain`` (``%%gpumem -q``), ``record`` (the same, with the body between gpumem's own
-TraceRecorder start and a stop that reads no snapshot: the cost of PyTorch recording alone) and
-``trace`` (``%%gpumem --trace``). Reported: each variant's median wall time, the medians of the
-per-round ratios to ``plain`` (goal for ``trace``: at most 1.15x), and for the trace runs the end of
-the cell by phase: the snapshot (``torch.cuda.memory._snapshot()`` and switching recording off), our
-analysis and our rendering (text and HTML), with the number of trace entries and the HTML's bytes.
-The goal is per cell: the snapshot, analysis and rendering are paid once per cell, so their share
-of the overhead is printed too (a longer cell pays them once over more work).
+300 steps) run in a real IPython shell as five variants, in paired, interleaved rounds (the order
+rotates): ``bare`` (no magic: no gpumem in the cell), ``plain`` (``%%gpumem -q``), ``record`` (the same,
+with the body between gpumem's own TraceRecorder start and a stop that reads no snapshot: the cost of
+PyTorch recording alone), ``trace`` (``%%gpumem --trace``) and ``profile`` (``%%gpumem --profile``).
+Reported: each variant's median wall time, the medians of the per-round ratios to ``plain`` (goal for
+``trace``: at most 1.15x) and to ``bare``, and for the trace runs the end of the cell by phase: the
+snapshot (``torch.cuda.memory._snapshot()`` and switching recording off), our analysis and our
+rendering (text and HTML), with the number of trace entries and the HTML's bytes. The goal is per
+cell: the snapshot, analysis and rendering are paid once per cell, so their share of the overhead is
+printed too (a longer cell pays them once over more work).
 CPU half: analysing and rendering, timed apart (wall and CPU time), a synthesized training loop shaped
 as torch records one (112 entries a step, 10 sites, 30-frame stacks, frame dicts shared, allocations
 freed within the step but one result in ten kept; 33,600 entries like the 300-step cell, and 100,000);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import platform
 import statistics
@@ -114,6 +116,8 @@ assert _gpumem_recorder.start() is None
 {body}_gpumem_recorder.abandon()
 """
 PHASES = ("snapshot_s", "analysis_s", "render_s")
+RATIOS_TO_PLAIN = ("record", "trace", "profile")  # to %%gpumem -q: what the option adds
+RATIOS_TO_BARE = {"plain/bare": "plain", "trace/bare": "trace", "profile/bare": "profile"}  # to no gpumem
 
 
 def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
@@ -135,13 +139,16 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
     assert shell.run_cell("%load_ext gpumem").success
     body = TRAIN.format(steps=steps)
     variants = {
+        "bare": body,  # no gpumem in the cell (the extension loaded, automatic mode off)
         "plain": "%%gpumem -q\n" + body,
         "record": "%%gpumem -q\n" + RECORD_ONLY.format(body=body),
         "trace": "%%gpumem --trace\n" + body,
+        "profile": "%%gpumem --profile\n" + body,
     }
     phases: dict[str, list[float]] = {name: [] for name in (*PHASES, "entries", "html_bytes")}
 
     def run(name: str) -> float:
+        gc.collect()  # untimed: what the previous run left (a profile's events) is not this run's cost
         start = time.perf_counter()
         with capture_output(display=True):
             result = shell.run_cell(variants[name], store_history=True)
@@ -152,10 +159,10 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
     for name in variants:  # warm-up: cuBLAS workspaces, the optimizer's state, the first snapshot
         run(name)
     times: dict[str, list[float]] = {name: [] for name in variants}
-    ratios: dict[str, list[float]] = {"record": [], "trace": []}
+    ratios: dict[str, list[float]] = {name: [] for name in (*RATIOS_TO_PLAIN, *RATIOS_TO_BARE)}
     names = list(variants)
     for round_number in range(rounds):
-        order = names[round_number % 3 :] + names[: round_number % 3]
+        order = names[round_number % len(names) :] + names[: round_number % len(names)]
         got = {}
         for name in order:
             got[name] = run(name)
@@ -164,8 +171,10 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
                     values.append(float(trace_cell.LAST_COSTS.get(key, float("nan"))))
         for name, seconds in got.items():
             times[name].append(seconds)
-        for name, values in ratios.items():
-            values.append(got[name] / got["plain"])
+        for name in RATIOS_TO_PLAIN:
+            ratios[name].append(got[name] / got["plain"])
+        for name, variant in RATIOS_TO_BARE.items():
+            ratios[name].append(got[variant] / got["bare"])
     return _gpu_report(steps, rounds, times, ratios, phases, torch)
 
 
@@ -177,6 +186,9 @@ def _gpu_report(steps: int, rounds: int, times: dict[str, list[float]], ratios: 
     print(f"training cell, {steps} steps, {rounds} paired rounds: plain median {median['plain']:.3f} s, "
           f"recording only {median['record']:.3f} s ({ratio['record']:.3f}x), "
           f"--trace {median['trace']:.3f} s, paired ratio {ratio['trace']:.3f}x (goal <= {GOAL_RATIO}x)")  # fmt: skip
+    print(f"  side by side with no gpumem (bare {median['bare']:.3f} s): %%gpumem -q {ratio['plain/bare']:.3f}x, "
+          f"--trace {ratio['trace/bare']:.3f}x, --profile {ratio['profile/bare']:.3f}x "
+          f"({median['profile']:.3f} s; {ratio['profile']:.3f}x %%gpumem -q)")  # fmt: skip
     end = sum(phase[name] for name in PHASES)
     overhead = median["trace"] - median["plain"]
     print(f"  end of the traced cell: snapshot {phase['snapshot_s'] * 1000:.0f} ms, analysis "
