@@ -34,6 +34,9 @@ __all__ = [
 
 DEFAULT_TOP_OPERATORS = 15
 MANY_OPERATOR_CALLS = 1_000_000  # beyond this the profiler's own events take hundreds of MB of host memory
+# Past this many seconds after the cell (mostly PyTorch turning its events into Python objects, which
+# grows with the calls recorded: 19 s for a 300-step training loop on an H200 host) a shorter cell is advised.
+SLOW_AFTER_CELL_S = 5.0
 _TEXT_COLUMNS = 2  # operator and input shapes, left-aligned; the figures are right-aligned
 
 
@@ -122,6 +125,11 @@ class ProfileReport:
             text += (
                 " The profiler keeps every call in host memory until the cell ends: profile a shorter cell "
                 "(a few steps of the loop) to keep that down."
+            )
+        elif cost.stop_s + cost.group_s >= SLOW_AFTER_CELL_S:
+            text += (
+                " Most of that is PyTorch reading back every call it recorded, which grows with their number: "
+                "profile a shorter cell (a few steps of the loop) for a faster answer."
             )
         return text
 
