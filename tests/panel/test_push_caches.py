@@ -72,13 +72,19 @@ def test_the_span_mark_goes_between_the_marks_around_it() -> None:
     assert newest.mark_labels == ("[3]", "[7]", "peak reset")
 
 
-def test_the_legend_follows_marks_capacity_curves_and_full_scale(fake: tuple[FakeSource, Monitor]) -> None:
-    source, monitor = fake
+def _drawn_panel(source: FakeSource, monitor: Monitor) -> Panel:
+    """A panel that has drawn two samples of 1 GiB allocated on cuda:0."""
     source.allocate(GIB, 0)
     panel = Panel(monitor, autostart=False)
     monitor.sampler.sample_once()
     monitor.sampler.sample_once()
     assert panel.refresh()
+    return panel
+
+
+def test_the_legend_follows_marks_capacity_curves_and_full_scale(fake: tuple[FakeSource, Monitor]) -> None:
+    source, monitor = fake
+    panel = _drawn_panel(source, monitor)
     legend = _text(panel._legend.value)
     assert "cuda:0" in legend
     assert "cuda:1" in legend
@@ -149,11 +155,7 @@ def test_the_axes_follow_the_window_and_the_unit(fake: tuple[FakeSource, Monitor
 
 def test_the_marks_are_sent_again_when_one_is_added(fake: tuple[FakeSource, Monitor]) -> None:
     source, monitor = fake
-    source.allocate(GIB, 0)
-    panel = Panel(monitor, autostart=False)
-    monitor.sampler.sample_once()
-    monitor.sampler.sample_once()
-    assert panel.refresh()
+    panel = _drawn_panel(source, monitor)
     before = list(panel._cell_labels.text)
     monitor.timeline.add_mark(monitor.timeline.latest()[0], "12")  # type: ignore[index]
     monitor.sampler.sample_once()

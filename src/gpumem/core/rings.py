@@ -131,22 +131,10 @@ class Bucket:
             self.low_first[index] = True
 
     def add_row(self, row: Row) -> None:
-        """A finer bucket's two extremes, in their order: the same result as adding all its samples.
-
-        :meth:`add` twice, inlined: every window read folds the finer open buckets in, channel by channel.
-        """
-        low, high, low_first = self.low, self.high, self.low_first
-        for index, pair in enumerate(row):
-            for value in pair:
-                if value < low[index]:
-                    low[index] = value
-                    low_first[index] = False
-                elif value > high[index]:
-                    high[index] = value
-                    low_first[index] = True
-                elif low[index] != low[index] and value == value:  # noqa: PLR0124 - the first value not NaN
-                    low[index] = high[index] = value
-                    low_first[index] = True
+        """A finer bucket's two extremes, in their order: the same result as adding all its samples."""
+        for index, (first, second) in enumerate(row):
+            self.add(index, first)
+            self.add(index, second)
 
     def copy(self) -> Bucket:
         twin = Bucket(self.key, 0)
