@@ -15,7 +15,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 # The readings live in gpumem.core.readings, the NVML reader in gpumem.core.nvml and the
 # CUDA_VISIBLE_DEVICES parser in gpumem.core.devices; importing them from here keeps working.
@@ -219,16 +219,13 @@ def _meminfo_kib(data: bytes, key: bytes) -> int | None:
     return int(data[at + len(key) : end]) if end > 0 else None
 
 
-def _open_statm() -> _Statm | None:
-    try:
-        return _Statm() if sys.platform.startswith("linux") else None
-    except (OSError, ValueError):
-        return None
+_Proc = TypeVar("_Proc", bound=_ProcFile)
 
 
-def _open_meminfo() -> _Meminfo | None:
+def _open_proc(kind: Callable[[], _Proc]) -> _Proc | None:
+    """``kind()`` on Linux where its file opens; None elsewhere (psutil then does the reading)."""
     try:
-        return _Meminfo() if sys.platform.startswith("linux") else None
+        return kind() if sys.platform.startswith("linux") else None
     except (OSError, ValueError):
         return None
 
@@ -240,7 +237,7 @@ class HostSource:
         self._process: Any | None = None
         self._psutil: Any | None = None
         self._statm: _Statm | None = None
-        self._meminfo: _Meminfo | None = _open_meminfo()
+        self._meminfo: _Meminfo | None = _open_proc(_Meminfo)
         self._reason: str | None = None
         self._pid = -1
         self._available_cache: tuple[float, int, int] = (-1.0, 0, 0)
@@ -257,7 +254,7 @@ class HostSource:
                 return None
             self._psutil = psutil
             self._process = psutil.Process(pid)
-            self._statm = _open_statm()  # after a fork /proc/self is the child: open it again
+            self._statm = _open_proc(_Statm)  # after a fork /proc/self is the child: open it again
             self._pid = pid  # last: another thread must not see the new pid before the process exists
         return self._process
 

@@ -8,17 +8,21 @@ and keeps the newest snapshot and the names and capacities of the devices it saw
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 from gpumem.core.monitor import Monitor
+from gpumem.core.sampler import Sampler
 from gpumem.core.sources import DeviceInfo, Snapshot
 
 __all__ = [
+    "SAMPLE_LATE_S",
     "PeakTracker",
     "PeaksSinceOpen",
     "Readings",
+    "SampleBeat",
     "SamplerClaim",
     "capacities_of",
     "describe_device",
@@ -193,6 +197,46 @@ def describe_device(monitor: Monitor, index: int) -> DeviceInfo | None:
 def device_indices(snapshot: Snapshot) -> tuple[int, ...]:
     """The devices a snapshot shows, PyTorch's and NVML's together, in order."""
     return tuple(sorted({r.device for r in snapshot.allocator} | {d.device for d in snapshot.devices}))
+
+
+# How long after it was due a job that waits for a sample stops waiting and runs without one.
+SAMPLE_LATE_S = 0.25
+
+
+class SampleBeat:
+    """Runs a periodic job (a panel push, a status publication) with the sampler's first sample from half
+    a period before the job is due, rather than on a clock of its own that may fire just before it: what
+    the job shows is then fresh from the sampler, never shown twice, and its thread wakes with the sampler.
+
+    :meth:`arm` returns when to run anyway (a sampler that stalls); :meth:`sampled`, called by a sampler
+    listener, calls ``wake`` once the job is due.
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._at = math.inf  # monotonic s: a sample from then on wakes the job
+
+    @staticmethod
+    def lead_s(sampler: Sampler) -> float:
+        """Half a sample period while ``sampler`` runs (a job due that soon goes with this sample), else 0."""
+        return 0.5 / sampler.rate_hz if sampler.running else 0.0
+
+    def arm(self, due: float, lead: float) -> float:
+        """Wait for the first sample from ``due - lead`` on; the time to run anyway (``due`` without a lead)."""
+        if not lead:
+            self._at = math.inf
+            return due
+        self._at = due - lead
+        return due + lead + SAMPLE_LATE_S
+
+    def disarm(self) -> None:
+        self._at = math.inf
+
+    def sampled(self) -> None:
+        """Sampler thread: wake the job if it is waiting for this sample."""
+        if time.monotonic() >= self._at:
+            self._at = math.inf
+            self._wake()
 
 
 class SamplerClaim:

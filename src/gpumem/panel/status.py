@@ -15,7 +15,6 @@ the monitor's source stays the one reader of torch, NVML and psutil.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,15 +22,13 @@ from typing import Any
 
 from gpumem.core.monitor import default_monitor
 from gpumem.core.sources import DeviceInfo, Snapshot
-from gpumem.panel.readings import Readings, capacities_of, describe_device
+from gpumem.panel.readings import Readings, SampleBeat, capacities_of, describe_device
 
 __all__ = ["FRESH_S", "StatusPayload", "StatusReader", "status_payload"]
 
 StatusPayload = dict[str, Any]
 # A sample younger than this answers a request; the sampler takes one every second by default.
 FRESH_S = 2.5
-# How long after it was due a publication waits for a sample before it goes without one.
-SAMPLE_LATE_S = 0.25
 
 
 def status_payload(snapshot: Snapshot, infos: Mapping[int, DeviceInfo | None]) -> StatusPayload:
@@ -66,21 +63,19 @@ class StatusReader:
         self._listener: Callable[[Snapshot], None] | None = None
         self._users = 0
         self._woken = threading.Event()
-        self._wake_at = math.inf  # monotonic s: a sample from then on ends wait_until_due
+        self._beat = SampleBeat(self._woken.set)
 
     def wait_until_due(self, due: float, stop: threading.Event) -> bool:
         """Sleep until ``due``; while the sampler runs, until its first sample from half a period before
         ``due`` on instead (at most a sample period late), so that what is published is that fresh sample
         and this thread wakes with the sampler rather than on a clock of its own. False once ``stop`` is set.
         """
-        sampler = default_monitor().sampler
-        lead = 0.5 / sampler.rate_hz if sampler.running else 0.0
+        lead = self._beat.lead_s(default_monitor().sampler)
         self._woken.clear()
         if stop.is_set():
             return False
-        self._wake_at = due - lead if lead else math.inf
-        self._woken.wait(max(0.0, due - time.monotonic() + (lead + SAMPLE_LATE_S if lead else 0.0)))
-        self._wake_at = math.inf
+        self._woken.wait(max(0.0, self._beat.arm(due, lead) - time.monotonic()))
+        self._beat.disarm()
         return not stop.is_set()
 
     def interrupt(self) -> None:
@@ -132,9 +127,7 @@ class StatusReader:
 
         def on_sample(snapshot: Snapshot) -> None:
             readings.note(snapshot)
-            if time.monotonic() >= self._wake_at:
-                self._wake_at = math.inf
-                self._woken.set()
+            self._beat.sampled()
 
         self._listener = on_sample
         monitor.sampler.add_listener(on_sample)

@@ -58,7 +58,7 @@ from gpumem.panel.options import (
     PanelOptions,
     make_options,
 )
-from gpumem.panel.readings import PeaksSinceOpen, Readings, SamplerClaim, device_indices
+from gpumem.panel.readings import PeaksSinceOpen, Readings, SampleBeat, SamplerClaim, device_indices
 from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
 from gpumem.panel.views import ViewCount, sending_page
@@ -81,8 +81,6 @@ class PanelStats(NamedTuple):
     visible: bool
 
 
-# How long after a sample was due the writer stops waiting for it and pushes anyway.
-_SAMPLE_LATE_S = 0.25
 # How long the readers' status is reused while CUDA's use and the devices seen stay the same.
 STATUS_MAX_AGE_S = 5.0
 
@@ -150,7 +148,7 @@ class Panel(PanelView):
         # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
         self._route = route_widget_tree(self)
         register(self)
-        self._sample_wake_at = math.inf  # a push waits for the first sample after this (monotonic s)
+        self._beat = SampleBeat(shared_writer.wake)  # pushes go with the sampler's samples
         self._monitor.sampler.add_listener(self._on_sample)
         # The figures at opening: the baseline of "peak since open" and a header before the first tick.
         with contextlib.suppress(Exception):
@@ -257,9 +255,7 @@ class Panel(PanelView):
         when a push is waiting for this sample."""
         self._readings.note(snapshot)
         self._peaks.note(snapshot)
-        if time.monotonic() >= self._sample_wake_at:
-            self._sample_wake_at = math.inf
-            shared_writer.wake()
+        self._beat.sampled()
 
     def _free_worker(self, deep: bool) -> None:
         outcome = run_free(deep, self._shell, self._monitor.source)
@@ -316,32 +312,16 @@ class Panel(PanelView):
         # When the curves come at least every other header interval, the header goes with them: one
         # wake-up of this thread instead of two (each costs a GIL hand-off from a busy main thread).
         rides = self._stats.last_interval_s <= 2 * header_interval and schedule.next_header != 0.0
-        # A push due within half a sample period goes with the sample just taken (see _after_next_sample).
-        lead = self._sample_lead_s()
+        # A push due within half a sample period goes with the sample just taken (see SampleBeat).
+        lead = self._beat.lead_s(self._monitor.sampler)
         curves_due = force or schedule.curves_due(now + lead)
         if force or (schedule.header_due(now + lead) and (curves_due or not rides)):
             self._push_header()
             schedule.pushed_header(now, header_interval)
         if curves_due:
             schedule.pushed_curves(now, self._push_curves(now))
-        return self._after_next_sample(
-            schedule.next_curves if rides and schedule.next_header != 0.0 else schedule.next_due, lead
-        )
-
-    def _sample_lead_s(self) -> float:
-        """Half a sample period while the sampler runs, else 0."""
-        sampler = self._monitor.sampler
-        return 0.5 / sampler.rate_hz if sampler.running else 0.0
-
-    def _after_next_sample(self, due: float, lead: float) -> float:
-        """Push with the first sample from ``due - lead`` on, rather than on a timer that may fire just before
-        it: each push then shows a sample fresh from the sampler (at 1 Hz, one up to a second old otherwise)
-        and never repeats one. The timer stays, a sample period late, for a sampler that stalls."""
-        if not lead:
-            self._sample_wake_at = math.inf
-            return due
-        self._sample_wake_at = due - lead
-        return due + lead + _SAMPLE_LATE_S
+        due = schedule.next_curves if rides and schedule.next_header != 0.0 else schedule.next_due
+        return self._beat.arm(due, lead)
 
     # One handler per command (writer thread) -------------------------------------------------------
     def _on_refresh(self, command: Refresh) -> None:
