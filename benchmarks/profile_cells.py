@@ -5,6 +5,8 @@ Without CUDA a fake allocator stands in for a device in use, as in ``bench_cells
 ``--hooks`` times gpumem's two hooks instead (no profiler): the median per cell, the figure to compare,
 and the median per cell of each part (source reads, record building, warnings...), to show on the GPU
 which share is the reads.
+With CUDA it is initialized first (``--no-cuda-init`` leaves it), as in a notebook that uses the GPU:
+before that, a snapshot reads no allocator.
 ``--variables N`` puts N names in the namespace and has every cell rebind them all; ``--namespace N``
 first fills it with bench_cells.py's N variables of a training notebook (tensors on the GPU, or on the
 CPU with the walk looking for CPU tensors).
@@ -42,7 +44,7 @@ def _fill(shell: Any, count: int) -> None:
         state.tracker.holder_finder = bench_cells.cpu_finder
 
 
-def _shell(vars_mode: str) -> Any:
+def _shell(vars_mode: str, *, cuda_init: bool = True) -> Any:
     import torch
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
@@ -51,6 +53,8 @@ def _shell(vars_mode: str) -> Any:
     from gpumem.testing import MIB, FakeSource
 
     if torch.cuda.is_available():
+        if cuda_init:
+            torch.zeros(1, device="cuda")  # a notebook that uses the GPU: the allocator is read at every cell
         set_default_monitor(Monitor())
     else:
         fake = FakeSource()
@@ -90,6 +94,7 @@ def _timed_hooks(shell: Any) -> list[float]:
 def _parts() -> dict[str, float]:
     """Time the main parts of a measured cell; each call adds its duration to the returned dict by name."""
     from gpumem.core.cells import tracker as tracker_module
+    from gpumem.core.sources import SystemSource
     from gpumem.ipython import extension
 
     state, hooks = extension.get_state(), extension.get_hooks()
@@ -107,6 +112,13 @@ def _parts() -> dict[str, float]:
         (tracker_module, "staircase_notes", "  staircase notes"),
         (hooks, "show", "hooks.show"),
     ]
+    source = state.monitor.source
+    if isinstance(source, SystemSource):
+        parts += [
+            (source.torch, "read", "  allocator reads"),
+            (source.nvml, "read", "  NVML reads"),
+            (source.host, "read", "  host read"),
+        ]
     if hooks.oom is not None:
         parts += [(hooks.oom, "pre_run_cell", "out-of-memory pre"), (hooks.oom, "post_run_cell", "out-of-memory post")]
     for owner, attribute, label in parts:
@@ -172,9 +184,10 @@ def main() -> int:
     parser.add_argument("--variables", type=int, default=0)
     parser.add_argument("--namespace", type=int, default=0, help="bench_cells.py's variables, this many")
     parser.add_argument("--pause-ms", type=float, default=5.0, help="untimed pause between --hooks cells")
+    parser.add_argument("--no-cuda-init", action="store_true", help="leave CUDA uninitialized (no allocator reads)")
     args = parser.parse_args()
 
-    shell = _shell(args.vars)
+    shell = _shell(args.vars, cuda_init=not args.no_cuda_init)
     if args.namespace:
         _fill(shell, args.namespace)
     cell = _cell(args.variables, shell)
