@@ -8,7 +8,7 @@ series, it plays each design: runs of ``b`` steps, rounds of ``q`` A/B quads and
 interleaved, as ``_paired.paired_ratio`` runs them. Both ratios of a round are A/A here, so their IQR
 is the floor a real comparison would see with that design, before any switching cost.
 
-    python benchmarks/probe_noise.py --out DIR [--seconds 45] [--sync 25] [--pin]
+    python benchmarks/probe_noise.py --out DIR [--seconds 45] [--sync 5] [--pin]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _paired
 import bench_sampler
 
-BLOCKS = (25, 50, 100, 200, 400, 800)
+BLOCKS = (5, 10, 25, 50, 100, 200, 400)
 QUADS = (1, 2, 4, 8, 16, 32)
 
 
@@ -88,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path())
     parser.add_argument("--seconds", type=float, default=45.0)
-    parser.add_argument("--sync", type=int, default=25)
+    parser.add_argument("--sync", type=int, default=5, help="a synchronize every this many steps")
     parser.add_argument("--pin", action="store_true", help="also a series pinned to two cores")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

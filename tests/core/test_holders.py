@@ -424,6 +424,7 @@ def test_cycles_found_and_collected() -> None:
     a.other, b.other = b, a  # type: ignore[attr-defined]
     a.tensor = torch.zeros(256)  # type: ignore[attr-defined]
     ref = weakref.ref(a.tensor)  # type: ignore[attr-defined]
+    gc.collect()  # earlier tests' unreachable cycles would be counted too, and may outnumber these two
     gc.disable()
     try:
         del a, b
