@@ -109,7 +109,8 @@ def make_loop(device: str) -> Callable[[int], float]:
 
 
 class Sampling:
-    """The B variant: the sampler started for each B run and stopped after it, with the seconds it ran.
+    """The B variant: the sampler started before a quad's two B runs and stopped after them, with the
+    seconds it ran.
 
     A start takes its first sample at once, so with runs shorter than the sampler's period B samples
     more often than the default rate: the rate it really ran at is reported beside the ratio.
@@ -138,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path())
     parser.add_argument("--budget", type=float, default=None, help="seconds per comparison (GPU 150, CPU 40)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 10)")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per run")
     parser.add_argument("--quads", type=int, default=8, help="A/B and A/A quads per round to start with")
     parser.add_argument("--naive", action="store_true", help="also compare a naive 100 Hz memory_allocated thread")
     args = parser.parse_args()
@@ -149,7 +150,7 @@ def main() -> None:
         torch.zeros(1, device="cuda")
     costs = read_costs() if cuda else {}
     budget = args.budget or (150.0 if cuda else 40.0)
-    steps = args.steps or 10
+    steps = args.steps
     loop = make_loop(device)
     monitor = Monitor(rate_hz=DEFAULT_RATE_HZ)
     monitor.source.snapshot()  # opening NVML and psutil happens here, not inside the first timed run
