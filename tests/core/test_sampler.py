@@ -6,7 +6,7 @@ import time
 import pytest
 
 from gpumem.core.monitor import Monitor, default_monitor, set_default_monitor
-from gpumem.core.sampler import Sampler, channels_of
+from gpumem.core.sampler import Sampler, channel_device, channels_of
 from gpumem.core.sources import SystemSource
 from gpumem.core.timeline import Timeline
 from gpumem.testing import GIB, FakeSource
@@ -251,3 +251,8 @@ def test_a_faster_rate_takes_effect_at_once():
     finally:
         sampler.stop()
     assert _sampler_threads() == []
+
+
+def test_channel_device_reads_back_the_names_channels_of_writes() -> None:
+    assert [channel_device(name) for name in ("cuda:0/allocated", "cuda:12/reserved", "cuda:3/used")] == [0, 12, 3]
+    assert channel_device("host/rss") is None

@@ -21,7 +21,7 @@ from gpumem.core.readings import Snapshot
 from gpumem.core.sources import MemorySource
 from gpumem.core.timeline import Timeline
 
-__all__ = ["DEFAULT_RATE_HZ", "MAX_RATE_HZ", "Sampler", "SamplerCost", "channels_of"]
+__all__ = ["DEFAULT_RATE_HZ", "MAX_RATE_HZ", "Sampler", "SamplerCost", "channel_device", "channels_of"]
 
 # Next to a busy training loop one sample costs about 0.4 ms of CPU (cold caches and a GIL hand-off,
 # not the reads themselves: BENCHMARKS.md), so the sampler runs only as fast as its users need. 1 Hz
@@ -65,6 +65,13 @@ def channels_of(snapshot: Snapshot) -> dict[str, float]:
     if snapshot.host is not None:
         values["host/rss"] = float(snapshot.host.rss_bytes)
     return values
+
+
+def channel_device(name: str) -> int | None:
+    """The CUDA device of a channel named by :func:`channels_of` (``cuda:1/reserved`` is 1); None for the host."""
+    if not name.startswith("cuda:") or "/" not in name:
+        return None
+    return int(name[len("cuda:") : name.index("/")])
 
 
 _live_samplers: weakref.WeakSet[Sampler] = weakref.WeakSet()

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, TextIO
 
 from gpumem.core.monitor import Monitor, default_monitor
+from gpumem.core.sampler import channel_device
 from gpumem.core.script_report import report_rows
 from gpumem.core.spans import SpanRecord
 from gpumem.core.thresholds import DEFAULT_WARN_FRACTION
@@ -90,8 +91,8 @@ def _peak_times(monitor: Monitor, start_s: float) -> dict[int, float]:
     series = monitor.timeline.window(start_s)
     times: dict[int, float] = {}
     for name, values in series.values.items():
-        if name.endswith("/allocated") and values:
-            device = int(name.removeprefix("cuda:").partition("/")[0])
+        device = channel_device(name)
+        if device is not None and name.endswith("/allocated") and values:
             index = max(range(len(values)), key=lambda i: values[i])
             times[device] = series.times[index] - start_s
     return times

@@ -280,7 +280,6 @@ class HostSource:
             total_bytes=total,
         )
 
-
     def _machine_memory(self) -> tuple[int, int]:
         """Total and available bytes of the machine."""
         meminfo = self._meminfo

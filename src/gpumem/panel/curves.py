@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpumem.core.sampler import MAX_RATE_HZ as MAX_SAMPLE_RATE_HZ
+from gpumem.core.sampler import channel_device
 from gpumem.core.timeline import Timeline
 from gpumem.core.units import GIB, MIB, format_bytes
 from gpumem.panel.options import MAX_POINTS_PER_LINE, MIN_POINTS_PER_LINE, PanelOptions
@@ -83,9 +84,7 @@ def choose_curves(channels: Sequence[str], device: int | None, show_host: bool) 
     device, reserved fainter) so that eight GPUs stay readable; the header still lists it.
     """
     present = set(channels)
-    indices = sorted(
-        {int(name.split("/")[0].removeprefix("cuda:")) for name in present if name.startswith("cuda:") and "/" in name}
-    )
+    indices = sorted({d for d in map(channel_device, present) if d is not None})
     if device is not None and device in indices:
         indices = [device]
     curves: list[Curve] = []
@@ -116,7 +115,7 @@ def _plotted(
     """The curves and the devices they show, for one set of channels and choices: the same every push
     until a channel appears or a choice changes, so they are worked out once per key, not per push."""
     curves = choose_curves(channels, device, show_host)
-    shown = sorted({int(c.channel.split("/")[0][5:]) for c in curves if c.channel.startswith("cuda:")})
+    shown = sorted({d for d in (channel_device(c.channel) for c in curves) if d is not None})
     return curves, tuple(shown)
 
 
