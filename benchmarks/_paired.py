@@ -98,16 +98,20 @@ class RoundSums(NamedTuple):
 
 
 def _round(a: Variant, b: Variant, workload: Workload, size: int, quads: int, control_first: bool) -> RoundSums:
+    """One round: an untimed ``gc.collect()`` and one untimed run, so that no timed run is the first
+    after a collection (every one follows another run), then :func:`round_sums`."""
+    gc.collect()
+    with a():
+        workload(size)
+    return round_sums(a, b, workload, size, quads, control_first)
+
+
+def round_sums(a: Variant, b: Variant, workload: Workload, size: int, quads: int, control_first: bool) -> RoundSums:
     """``quads`` A/B quads and as many A/A quads, alternating: each ratio is a sum over its quads.
 
     Short runs, interleaved, put A and B within a fraction of a second of each other all through the
     round, so that the machine's slower swings cancel; the sums then average the short runs' jitter.
-    A round starts with an untimed ``gc.collect()`` and one untimed run, so that no timed run is the
-    first after a collection: every one follows another run.
     """
-    gc.collect()
-    with a():
-        workload(size)
     sums = {"AB": [0.0, 0.0], "AA": [0.0, 0.0]}
     order = ("AA", "AB") if control_first else ("AB", "AA")
     for index in range(quads):

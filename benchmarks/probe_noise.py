@@ -5,8 +5,8 @@ and quads per round on a machine. It times every step of ``bench_sampler.py``'s 
 ``--seconds`` with nothing else running (synchronizing every ``--sync`` steps), once as the process
 is and once pinned to two cores (``--pin``), and writes the step times. Then, over those A-only
 series, it plays each design: runs of ``b`` steps, rounds of ``q`` A/B quads and ``q`` A/A quads
-interleaved, as ``_paired.paired_ratio`` runs them. Both ratios of a round are A/A here, so their IQR
-is the floor a real comparison would see with that design, before any switching cost.
+interleaved, through ``_paired.round_sums`` as ``_paired.paired_ratio`` runs them. Both ratios of a
+round are A/A here, so their IQR is the floor a real comparison would see with that design, before any switching cost.
 
     python benchmarks/probe_noise.py --out DIR [--seconds 45] [--sync 5] [--pin]
 """
@@ -14,6 +14,7 @@ is the floor a real comparison would see with that design, before any switching 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,20 +53,22 @@ def step_times(seconds: float, sync_every: int) -> list[float]:
 
 
 def play(steps: list[float], block: int, quads: int) -> dict[str, float]:
-    """The A/A ratios that design would give over ``steps``: their IQR, rounds, and a round's seconds."""
+    """The A/A ratios that design would give over ``steps``, through ``_paired``'s own rounds (a recorded
+    run stands in for each timed one): their IQR, rounds, and a round's seconds."""
     runs = [sum(steps[i : i + block]) for i in range(0, len(steps) - block + 1, block)]
-    per_round = 8 * quads
+    recorded = iter(runs)
     ratios: list[float] = []
-    for start in range(0, len(runs) - per_round + 1, per_round):
-        quad_runs = [runs[start + 4 * k : start + 4 * k + 4] for k in range(2 * quads)]
-        for kinds in (quad_runs[0::2], quad_runs[1::2]):
-            middle = sum(r[1] + r[2] for r in kinds)
-            outer = sum(r[0] + r[3] for r in kinds)
-            ratios.append(middle / outer)
+    with contextlib.suppress(StopIteration):  # the series ran out: its unfinished round is dropped
+        while True:
+            sums = _paired.round_sums(
+                _paired.null_variant, _paired.null_variant, lambda _size: next(recorded), block, quads,
+                control_first=len(ratios) // 2 % 2 == 1,
+            )  # fmt: skip
+            ratios += [sums.paired, sums.control]  # both are A/A here
     if len(ratios) < 4:
         return {"rounds": len(ratios)}
     q1, q2, q3 = _paired.quartiles(ratios)
-    return {"rounds": len(ratios), "q1": q1, "median": q2, "q3": q3, "round_s": sum(runs[:per_round])}
+    return {"rounds": len(ratios), "q1": q1, "median": q2, "q3": q3, "round_s": sum(runs[: 8 * quads])}
 
 
 def table(steps: list[float]) -> list[str]:
