@@ -221,7 +221,7 @@ def test_many_calls_advise_a_shorter_cell() -> None:
 def test_a_slow_end_of_cell_advises_a_shorter_cell_too() -> None:
     slow = ProfileReport([], ProfileCost(2.5, 26.0, None, None, 265_199), cuda=False, top=5, cell=None)
     assert slow.cost_text().endswith(
-        "Most of that is PyTorch reading back every call it recorded, which grows with their number: "
+        "Most of that is reading back every call the profiler recorded, which grows with their number: "
         "profile a shorter cell (a few steps of the loop) for a faster answer."
     )
     quick = ProfileReport([], ProfileCost(0.25, 0.5, None, None, 5_000), cuda=False, top=5, cell=None)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from _harness import run_cell_capture
-from gpumem.core.profile import CellProfiler
+from gpumem.core.profile import CellProfiler, operator_rows
+from gpumem.core.profile_events import read_operators
 from gpumem.core.sources import SystemSource
 from gpumem.core.summary import summaries
 from gpumem.core.units import format_bytes
@@ -91,3 +92,30 @@ def test_summary_refuses_a_device_that_does_not_exist(gpu: Any) -> None:
     result, cap = run_cell_capture(gpu, f"%gpumem summary -d {missing}")
     assert type(result.error_in_exec).__name__ == "UsageError"
     assert f"--device cuda:{missing}: no such device" in cap.stderr + cap.stdout
+
+
+def test_fast_read_back_equals_key_averages_on_cuda(gpu: Any) -> None:
+    """A CUDA training loop read both ways: the same rows and calls. Backward runs on autograd's device
+    thread and kernel launches link to their operators, so both are exercised (and checked to be)."""
+    torch = gpu.user_ns["torch"]
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    data = torch.randn(64, 256, device="cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True) as recorder:
+        for _ in range(5):
+            optimizer.zero_grad()
+            model(data).square().mean().backward()
+            optimizer.step()
+        torch.cuda.synchronize()
+    results = recorder.profiler.kineto_results
+    events = results.events()
+    assert len({event.start_thread_id() for event in events}) > 1, "one thread: the nesting per thread is untested"
+    assert any(event.linked_correlation_id() > 0 for event in events), "no linked runtime calls"
+    table = read_operators(results, torch)
+    assert table is not None
+    expected = operator_rows(recorder.key_averages(group_by_input_shape=True))
+    moving = sorted(row for row in expected if any(row[3:]))
+    assert sorted(row for row in table.rows if any(row[3:])) == moving
+    assert any(row.device_bytes for row in moving)
+    assert table.calls == sum(row.calls for row in expected)

@@ -4,9 +4,10 @@
 with the memory it allocated and freed (CPU always; CUDA when a device is available). Its figures
 are net: bytes allocated minus bytes freed inside the call, so an operator that frees more than it
 allocates shows a negative figure; "self" counts the operator alone, "total" adds the operators it
-called. The profiler has no cap on the events it keeps, so its own cost is measured (the time to
-stop it and to group its events, and the change of this process's resident memory) and said under
-the table. torch is only looked up in ``sys.modules``: importing it here would cost seconds inside
+called. The table is read straight from the profiler's results (``profile_events``), as
+``key_averages`` would group them at a tenth of its cost. The profiler has no cap on the events it
+keeps, so its own cost is measured (the time to stop it and to group its events, and the change of
+this process's resident memory) and said under the table. torch is only looked up in ``sys.modules``: importing it here would cost seconds inside
 the cell being measured.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from gpumem.core.cells.formatting import STYLE
+from gpumem.core.profile_events import OperatorMemory, read_operators, shapes_text, sort_rows
 from gpumem.core.units import format_bytes
 
 __all__ = [
@@ -34,25 +36,10 @@ __all__ = [
 
 DEFAULT_TOP_OPERATORS = 15
 MANY_OPERATOR_CALLS = 1_000_000  # beyond this the profiler's own events take hundreds of MB of host memory
-# Past this many seconds after the cell (mostly PyTorch turning its events into Python objects, which
-# grows with the calls recorded: 19 s for a 300-step training loop on an H200 host) a shorter cell is advised.
+# Past this many seconds after the cell (mostly reading back every call recorded, which grows with
+# their number: 265,000 calls for a 300-step training loop) a shorter cell is advised.
 SLOW_AFTER_CELL_S = 5.0
 _TEXT_COLUMNS = 2  # operator and input shapes, left-aligned; the figures are right-aligned
-
-
-class OperatorMemory(NamedTuple):
-    """One operator with one set of input shapes: its calls and net bytes (allocated minus freed)."""
-
-    name: str
-    input_shapes: str
-    calls: int
-    self_cpu_bytes: int
-    cpu_bytes: int  # with the operators it called
-    self_device_bytes: int
-    device_bytes: int
-
-    def largest_bytes(self) -> int:
-        return max(self.self_device_bytes, self.self_cpu_bytes, self.device_bytes, self.cpu_bytes)
 
 
 class ProfileCost(NamedTuple):
@@ -128,7 +115,7 @@ class ProfileReport:
             )
         elif cost.stop_s + cost.group_s >= SLOW_AFTER_CELL_S:
             text += (
-                " Most of that is PyTorch reading back every call it recorded, which grows with their number: "
+                " Most of that is reading back every call the profiler recorded, which grows with their number: "
                 "profile a shorter cell (a few steps of the loop) for a faster answer."
             )
         return text
@@ -181,7 +168,7 @@ def operator_rows(events: Iterable[Any]) -> list[OperatorMemory]:
     rows = [
         OperatorMemory(
             name=str(getattr(event, "key", "?")),
-            input_shapes=_shapes_text(getattr(event, "input_shapes", None)),
+            input_shapes=shapes_text(getattr(event, "input_shapes", None)),
             calls=_field(event, "count"),
             self_cpu_bytes=_field(event, "self_cpu_memory_usage"),
             cpu_bytes=_field(event, "cpu_memory_usage"),
@@ -190,15 +177,7 @@ def operator_rows(events: Iterable[Any]) -> list[OperatorMemory]:
         )
         for event in events
     ]
-    rows.sort(key=lambda row: (-row.self_device_bytes, -row.self_cpu_bytes, -row.largest_bytes(), row.name))
-    return rows
-
-
-def _shapes_text(shapes: Any) -> str:
-    """``[[1000, 1000], []]`` -> ``1000x1000, -``; a list no argument has a shape in is ""."""
-    if not isinstance(shapes, (list, tuple)) or not any(shapes):
-        return ""
-    return ", ".join("x".join(str(size) for size in shape) if shape else "-" for shape in shapes)
+    return sort_rows(rows)
 
 
 class CellProfiler:
@@ -241,10 +220,8 @@ class CellProfiler:
             warnings.simplefilter("ignore")
             recorder.__exit__(None, None, None)
             stopped = time.perf_counter()
-            events = recorder.key_averages(group_by_input_shape=True)
-            rows = operator_rows(events)
+            rows, calls = _read_back(recorder)
         grouped = time.perf_counter()
-        calls = sum(row.calls for row in rows)
         cost = ProfileCost(stopped - began, grouped - stopped, self._rss_before, self._rss(), calls)
         return ProfileReport(rows, cost, cuda=self._cuda, top=self.top, cell=cell)
 
@@ -255,6 +232,16 @@ class CellProfiler:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 recorder.__exit__(None, None, None)
+
+
+def _read_back(recorder: Any) -> tuple[list[OperatorMemory], int]:
+    """The operators' memory, read straight from the results; through ``key_averages`` where that fails."""
+    results = getattr(getattr(recorder, "profiler", None), "kineto_results", None)
+    table = read_operators(results, sys.modules["torch"]) if results is not None else None
+    if table is not None:
+        return table.rows, table.calls
+    rows = operator_rows(recorder.key_averages(group_by_input_shape=True))
+    return rows, sum(row.calls for row in rows)
 
 
 def _cuda_available(torch: Any) -> bool:
