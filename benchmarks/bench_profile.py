@@ -92,17 +92,19 @@ def main() -> None:
     speed = [one["seconds"]["ours"] / one["seconds"]["torch"] for one in rounds]
     control = [one["seconds"]["ours"] / one["seconds"]["ours again"] for one in rounds]
     same = all(one["same"] for one in rounds)
-    print(f"--profile read-back, {args.steps}-step training loop on {device}, {rounds[0]['calls']:,} calls, "
-          f"{args.rounds} rounds: ours {median['ours']:.3f} s, key_averages {median['torch']:.3f} s; "
-          f"ours/theirs {statistics.median(speed):.3f} ({min(speed):.3f}-{max(speed):.3f}), "
-          f"A/A ours/ours {statistics.median(control):.3f} ({min(control):.3f}-{max(control):.3f}); "
-          f"rows and calls the same in every round: {same}")  # fmt: skip
+    line = (f"--profile read-back, {args.steps}-step training loop on {device}, {rounds[0]['calls']:,} calls, "
+            f"{args.rounds} rounds: ours {median['ours']:.3f} s, key_averages {median['torch']:.3f} s; "
+            f"ours/theirs {statistics.median(speed):.3f} ({min(speed):.3f}-{max(speed):.3f}), "
+            f"A/A ours/ours {statistics.median(control):.3f} ({min(control):.3f}-{max(control):.3f}); "
+            f"rows and calls the same in every round: {same}")  # fmt: skip
+    print(line)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         summary = {"when": dt.datetime.now(dt.timezone.utc).isoformat(), "python": platform.python_version(),
                    "torch": torch.__version__, "device": device, "steps": args.steps, "rounds": rounds,
                    "median_s": median, "ratio": speed, "control": control, "same": same}  # fmt: skip
         (args.out / "bench_profile.json").write_text(json.dumps(summary, indent=1))
+        (args.out / "bench_profile.md").write_text(f"## bench_profile ({torch.__version__})\n\n{line}\n")
     if not same:
         raise SystemExit("the read-back differs from key_averages")
 

@@ -140,6 +140,10 @@ def _order(record: _Record) -> int:
     return record[3]
 
 
+def _never() -> bool:
+    return False
+
+
 class _Reader:
     def __init__(self, torch: Any) -> None:
         kinds = torch.autograd.DeviceType
@@ -191,7 +195,7 @@ class _Reader:
                 elif raw == OUT_OF_MEMORY_EVENT:
                     self.out_of_memory.append(event)
                 continue
-            if event.is_hidden_event():
+            if getattr(event, "is_hidden_event", _never)():  # absent from older PyTorch
                 continue
             self.kept += 1
             if event.device_type() != self.cpu_kind:
