@@ -211,6 +211,8 @@ class Walker:
         size = base.__len__(obj)
         unordered = base in (set, frozenset)
         for index, item in enumerate(stable_list(partial(base.__iter__, obj), self.max_items)):
+            if type(item) in ATOMIC_TYPES:
+                continue  # visit would return at once: no path is built for it
             self.visit(item, f"{path}{{...}}" if unordered else f"{path}[{index}]", depth, rank, category)
         if size > self.max_items:
             self._note_items(path, size)
@@ -227,8 +229,11 @@ class Walker:
 
     def _items(self, items: list[tuple[Any, Any]], size: int, path: str, depth: int, rank: int, category: str) -> None:
         for key, value in items:
+            atomic_key = type(key) in ATOMIC_TYPES
+            if atomic_key and type(value) in ATOMIC_TYPES:
+                continue  # nothing to walk: no label is built for it
             label = f"{path}[{_short_repr(key)}]"
-            if type(key) not in ATOMIC_TYPES:
+            if not atomic_key:
                 self.visit(key, label, depth, rank, category)
             self.visit(value, label, depth, rank, category)
         if size > self.max_items:
@@ -244,7 +249,8 @@ class Walker:
 
     def _named(self, items: list[tuple[str, Any]], size: int, path: str, depth: int, rank: int, category: str) -> None:
         for name, value in items:
-            self.visit(value, f"{path}.{name}", depth, rank, category)
+            if type(value) not in ATOMIC_TYPES:
+                self.visit(value, f"{path}.{name}", depth, rank, category)
         if size > self.max_items:
             self._note_items(path, size)
 
