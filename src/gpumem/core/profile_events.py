@@ -1,7 +1,7 @@
 """The memory columns of PyTorch's ``key_averages(group_by_input_shape=True)``, read without its cost.
 
 ``key_averages`` first turns every recorded call into a ``FunctionEvent`` of some forty fields; for a
-300-step training cell that took 27 of the 29 s after the cell. Here each call is read for the few
+300-step training cell that took 27 of the 29 s after the cell (2-core CPU). Each call is read for the few
 fields the memory table needs and attributed as PyTorch does: a memory record belongs to every CPU
 operator whose interval holds it (total); self is total minus the operator's children, found per
 thread by nesting, async calls left out; a child of the same name that is its parent's only child is
