@@ -4,13 +4,16 @@ Every workload is profiled once and read both ways: the rows of every operator t
 number of calls must be the same. The workloads cover what the attribution has to get right: children
 subtracted from a parent's self figure (a training step with autograd), a same-named only child merged
 into its parent (nested ``record_function``), ``ProfilerStep#N`` grouped as one name, memory freed
-outside any operator ("[memory]" rows). On the CPU PyTorch records the profiling thread alone; calls
+outside any operator ("[memory]" rows), a block ended on another thread (async: no self figure, no
+children). On the CPU PyTorch records the profiling thread's operators alone; calls
 on other threads (autograd's device threads) and kernel launches linked to their operator are
 compared on CUDA in ``test_profile_gpu.py``.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +84,35 @@ def test_same_named_only_children_merge_and_steps_group() -> None:
     assert by_name["outer"].calls == 3  # the inner "outer" of each step merged into the outer one
     assert by_name["ProfilerStep*"].calls == 3
     assert by_name[MEMORY_EVENT].cpu_bytes < 0
+
+
+def _blocks_ended_elsewhere() -> None:
+    """A labelled block whose end waits on a future another thread completes: an async call."""
+    for _ in range(3):
+        future: Any = torch.futures.Future()
+        with torch.profiler.record_function("async_block") as block:
+            ended = block._call_end_callbacks_on_future(future)
+            kept.append(torch.ones(1000))
+            scratch = torch.zeros(500)
+            del scratch  # freed inside the block, outside any operator: a self figure, were it synchronous
+        helper = threading.Thread(target=lambda future=future: (time.sleep(0.005), future.set_result(None)))
+        helper.start()
+        ended.wait()
+        helper.join()
+
+
+def test_a_block_ended_on_another_thread_is_async() -> None:
+    recorder = _profiled(_blocks_ended_elsewhere)
+    ends = {
+        event.end_thread_id() for event in recorder.profiler.kineto_results.events() if event.name() == "async_block"
+    }
+    starts = {event.start_thread_id() for event in recorder.profiler.kineto_results.events()}
+    assert ends - starts, "the blocks ended on the profiling thread: nothing here is async"
+    rows = _both_ways(_blocks_ended_elsewhere)
+    kept.clear()
+    block = next(row for row in rows if row.name == "async_block")
+    assert (block.self_cpu_bytes, block.cpu_bytes) == (0, 3 * 4000)  # async: a total, never a self figure
+    assert next(row for row in rows if row.name == "aten::zeros").cpu_bytes == 3 * 2000
 
 
 def test_unexpected_results_are_refused_not_raised() -> None:
