@@ -140,8 +140,14 @@ def _order(record: _Record) -> int:
     return record[3]
 
 
-def _never() -> bool:
+def _never(_event: Any) -> bool:
     return False
+
+
+def _hidden_test(events: Sequence[Any]) -> Callable[[Any], bool]:
+    """PyTorch's test for calls it hides from its tables, looked up once; none in older PyTorch."""
+    method = getattr(type(events[0]), "is_hidden_event", None) if len(events) else None
+    return method if callable(method) else _never
 
 
 class _Reader:
@@ -187,6 +193,8 @@ class _Reader:
 
     def _scan(self, events: Sequence[Any]) -> _Links:
         links = _Links()
+        hidden = _hidden_test(events)
+        add_call, kept = self.calls.append, 0
         for index, event in enumerate(events):
             raw = event.name()
             if raw in _LEFT_OUT:
@@ -195,16 +203,17 @@ class _Reader:
                 elif raw == OUT_OF_MEMORY_EVENT:
                     self.out_of_memory.append(event)
                 continue
-            if getattr(event, "is_hidden_event", _never)():  # absent from older PyTorch
+            if hidden(event):
                 continue
-            self.kept += 1
+            kept += 1
             if event.device_type() != self.cpu_kind:
                 continue  # a kernel or copy on the device: counted, never holding a record
             thread = event.start_thread_id()
             sync = not (event.is_async() or thread != event.end_thread_id())
             call = _Call(event, self._name(raw), (event.start_ns(), event.end_ns()), thread, sync=sync)
-            self.calls.append(call)
+            add_call(call)
             links.add(call, event, sync=sync)
+        self.kept += kept
         return links
 
     def _add_strays(self, records: _Records) -> None:
