@@ -40,7 +40,8 @@ HolderFinder = Callable[[Mapping[str, Any], str, "Collection[str] | None"], Any]
 MAX_CHANGED_NAMES = 100
 _SIZED = frozenset({list, dict, set, frozenset, tuple, deque})
 
-Signatures = dict[str, tuple[int, int]]
+Signatures = dict[str, int]
+_LENGTH_BITS = 64  # a signature is the value's id above its length (+1; 0 for no length): one int
 
 
 class Attribution(NamedTuple):
@@ -65,11 +66,13 @@ class VariableReport(NamedTuple):
 
 
 def signatures(namespace: Mapping[str, Any]) -> Signatures:
-    """Per name: the value's id, and its length for built-in containers (so an append shows)."""
+    """Per name: the value's id, and its length for built-in containers (so an append shows). Plain ints,
+    which the garbage collector does not track: a tuple per name made every attributed cell of a large
+    namespace start collections."""
     found: Signatures = {}
     for name, value in list(namespace.items()):
-        kind = type(value)
-        found[name] = (id(value), len(value) if kind in _SIZED else -1)
+        length = len(value) + 1 if type(value) in _SIZED else 0
+        found[name] = id(value) << _LENGTH_BITS | length
     return found
 
 
