@@ -32,6 +32,8 @@ def attribute(
     saved = graph_saved or {}
     rows: list[tuple[bool, Holder]] = []
     for root in roots:
+        if not root.reach:
+            continue  # reaches no storage (most names): no row, as ledger.row would find
         row = ledger.row(root, complete=id(root) not in incomplete, graph_saved_bytes=saved.get(id(root), 0))
         if row is not None:
             rows.append((root.hidden, row))
