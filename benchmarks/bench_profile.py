@@ -1,12 +1,13 @@
 """``%%gpumem --profile``'s read-back: gpumem's own reading of the profiler's results against PyTorch's
 ``key_averages(group_by_input_shape=True)``, on the same recording, with an A/A control.
 
-Each round records the training loop (8 x Linear(1024), AdamW, batch 256; CUDA where available, else the
-CPU) under ``torch.profiler.profile(profile_memory=True, record_shapes=True)``, then reads it three
-times in a rotating order: gpumem's reader twice (the A/A pair) and ``key_averages`` once (it caches its
-parse, so once is all a recording gives). Reported: each reader's median seconds, the per-round ratios
-ours / PyTorch's and ours / ours (median and range), and whether the rows of every operator that moved
-memory and the number of calls came out the same in every round.
+Each round records ``bench_sampler``'s training step (8 x Linear(1024), AdamW, batch 256 on CUDA; where
+CUDA is absent, its small CPU stand-in: width 128, batch 32, one thread) under
+``torch.profiler.profile(profile_memory=True, record_shapes=True)``, then reads it three times in a
+rotating order: gpumem's reader twice (the A/A pair) and ``key_averages`` once (it caches its parse, so
+once is all a recording gives). Reported: each reader's median seconds, the per-round ratios ours /
+PyTorch's and ours / ours (median and range), and whether the rows of every operator that moved memory
+and the number of calls came out the same in every round.
 
     python benchmarks/bench_profile.py [--out DIR] [--rounds 5] [--steps 100]
 """
@@ -20,37 +21,36 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from bench_sampler import make_step
 from gpumem.core.profile import operator_rows
 from gpumem.core.profile_events import read_operators
 
 
-def record(torch: Any, steps: int, device: str) -> Any:
-    """One profiled run of the training loop; the stopped profiler."""
-    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = torch.randn(256, 1024, device=device)
+def record(step: Callable[[], None], steps: int, device: str) -> Any:
+    """One profiled run of ``steps`` training steps; the stopped profiler."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True) as recorder:
         for _ in range(steps):
-            optimizer.zero_grad(set_to_none=True)
-            model(data).square().mean().backward()
-            optimizer.step()
+            step()
         if device == "cuda":
             torch.cuda.synchronize()
     return recorder
 
 
 def _moving(rows: Any) -> list[Any]:
-    return sorted(row for row in rows if any(row[3:]))
+    return sorted(row for row in rows if row.moved_memory())
 
 
-def one_round(torch: Any, steps: int, device: str, rotation: int) -> dict[str, Any]:
-    recorder = record(torch, steps, device)
+def one_round(step: Callable[[], None], steps: int, device: str, rotation: int) -> dict[str, Any]:
+    recorder = record(step, steps, device)
     results = recorder.profiler.kineto_results
     seconds: dict[str, float] = {}
     tables: dict[str, Any] = {}
@@ -78,14 +78,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("skipped: torch is not installed")
-        return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    one_round(torch, 2, device, 0)  # warm-up: cuBLAS, the optimizer's state, the profiler's first start
-    rounds = [one_round(torch, args.steps, device, number) for number in range(args.rounds)]
+    step, _ = make_step(device)
+    one_round(step, 2, device, 0)  # warm-up: cuBLAS, the optimizer's state, the profiler's first start
+    rounds = [one_round(step, args.steps, device, number) for number in range(args.rounds)]
     median = {
         name: statistics.median(one["seconds"][name] for one in rounds) for name in ("ours", "torch", "ours again")
     }

@@ -34,7 +34,7 @@ def _profiled(work: Callable[[], Any]) -> Any:
 
 
 def _moving(rows: list[OperatorMemory]) -> list[OperatorMemory]:
-    return sorted(row for row in rows if any(row[3:]))  # any of the four byte figures
+    return sorted(row for row in rows if row.moved_memory())
 
 
 def _both_ways(work: Callable[[], Any]) -> list[OperatorMemory]:

@@ -115,7 +115,7 @@ def test_fast_read_back_equals_key_averages_on_cuda(gpu: Any) -> None:
     table = read_operators(results, torch)
     assert table is not None
     expected = operator_rows(recorder.key_averages(group_by_input_shape=True))
-    moving = sorted(row for row in expected if any(row[3:]))
-    assert sorted(row for row in table.rows if any(row[3:])) == moving
+    moving = sorted(row for row in expected if row.moved_memory())
+    assert sorted(row for row in table.rows if row.moved_memory()) == moving
     assert any(row.device_bytes for row in moving)
     assert table.calls == sum(row.calls for row in expected)

@@ -5,7 +5,7 @@ with the memory it allocated and freed (CPU always; CUDA when a device is availa
 are net: bytes allocated minus bytes freed inside the call, so an operator that frees more than it
 allocates shows a negative figure; "self" counts the operator alone, "total" adds the operators it
 called. The table is read straight from the profiler's results (``profile_events``), as
-``key_averages`` would group them, at a tenth of its cost. The profiler has no cap on the events it
+``key_averages`` would group them, in a seventh to a tenth of its time. The profiler has no cap on the events it
 keeps, so its own cost is measured (the time to stop it and to group its events, and the change of
 this process's resident memory) and said under the table. torch is only looked up in
 ``sys.modules``: importing it here would cost seconds inside the cell being measured.

@@ -54,6 +54,10 @@ class OperatorMemory(NamedTuple):
     def largest_bytes(self) -> int:
         return max(self.self_device_bytes, self.self_cpu_bytes, self.device_bytes, self.cpu_bytes)
 
+    def moved_memory(self) -> bool:
+        """Whether any of its four figures is not zero (the rows two read-backs must agree on)."""
+        return any((self.self_cpu_bytes, self.cpu_bytes, self.self_device_bytes, self.device_bytes))
+
 
 class OperatorTable(NamedTuple):
     """The operators that moved memory, and every call the profiler kept (all operators, kernels too)."""
