@@ -4,10 +4,10 @@
 2. A measured step: two readings of the source, a peak reset and the metrics dict (``metrics()``).
 3. The per-step average for every(1), every(10), every(100), every(1000).
 
-Runs on the CPU (the host reader; no CUDA figures) or on a GPU (``--cuda``: the allocator and NVML are
-read, and the counters really reset). Writes JSON to ``--out``.
+On a GPU where one is usable (the allocator and NVML are read, and the counters really reset), else on
+the CPU (the host reader; no CUDA figures); ``--device`` chooses. Writes JSON to ``--out``.
 
-    python benchmarks/bench_every.py [--cuda] [--out DIR]
+    python benchmarks/bench_every.py [--device auto|cuda|cpu] [--out DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +36,14 @@ def per_call_us(call: Callable[[], object], repeat: int, rounds: int = 5) -> flo
     return statistics.median(results)
 
 
+def cuda_usable() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def measure(cuda: bool) -> dict[str, float]:
     if cuda:
         import torch
@@ -60,9 +68,10 @@ def measure(cuda: bool) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cuda", action="store_true", help="read a CUDA device (torch with CUDA needed)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="auto: CUDA if usable")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     options = parser.parse_args()
+    options.cuda = options.device == "cuda" or (options.device == "auto" and cuda_usable())
     figures = measure(options.cuda)
     for name, value in figures.items():
         print(f"{name:45s} {value:10.3f} µs")

@@ -8,7 +8,9 @@ PyTorch recording alone), ``trace`` (``%%gpumem --trace``) and ``profile`` (``%%
 Reported: each variant's median wall time, the medians of the per-round ratios to ``plain`` (goal for
 ``trace``: at most 1.15x) and to ``bare``, and for the trace runs the end of the cell by phase: the
 snapshot (``torch.cuda.memory._snapshot()`` and switching recording off), our analysis and our
-rendering (text and HTML), with the number of trace entries and the HTML's bytes. The goal is per
+rendering (text and HTML), with the number of trace entries and the HTML's bytes; for the profile
+runs, what its report says it cost after the cell (stopping the profiler, reading its calls back) and
+the calls read, so what is left of its overhead is the recording while the cell ran. The goal is per
 cell: the snapshot, analysis and rendering are paid once per cell, so their share of the overhead is
 printed too (a longer cell pays them once over more work).
 CPU half: analysing and rendering, timed apart (wall and CPU time), a synthesized training loop shaped
@@ -116,6 +118,7 @@ assert _gpumem_recorder.start() is None
 {body}_gpumem_recorder.abandon()
 """
 PHASES = ("snapshot_s", "analysis_s", "render_s")
+PROFILE_PHASES = ("stop_s", "group_s", "operator_calls")  # ProfileCost's fields: after the cell, and calls read
 RATIOS_TO_PLAIN = ("record", "trace", "profile")  # to %%gpumem -q: what the option adds
 RATIOS_TO_BARE = {"plain/bare": "plain", "trace/bare": "trace", "profile/bare": "profile"}  # to no gpumem
 
@@ -132,7 +135,7 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    from gpumem.ipython import trace_cell
+    from gpumem.ipython import profile_cell, trace_cell
 
     shell = InteractiveShell.instance()
     assert shell.run_cell(SETUP + "from gpumem.core.trace import TraceRecorder as _GpumemTraceRecorder\n").success
@@ -146,6 +149,8 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
         "profile": "%%gpumem --profile\n" + body,
     }
     phases: dict[str, list[float]] = {name: [] for name in (*PHASES, "entries", "html_bytes")}
+    phases.update({f"profile_{name}": [] for name in PROFILE_PHASES})
+    profile_costs = ProfileCosts(profile_cell)
 
     def run(name: str) -> float:
         gc.collect()  # untimed: what the previous run left (a profile's events) is not this run's cost
@@ -166,16 +171,46 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
         got = {}
         for name in order:
             got[name] = run(name)
-            if name == "trace":
-                for key, values in phases.items():
-                    values.append(float(trace_cell.LAST_COSTS.get(key, float("nan"))))
+            keep_phases(name, phases, trace_cell.LAST_COSTS, profile_costs)
         for name, seconds in got.items():
             times[name].append(seconds)
         for name in RATIOS_TO_PLAIN:
             ratios[name].append(got[name] / got["plain"])
         for name, variant in RATIOS_TO_BARE.items():
             ratios[name].append(got[variant] / got["bare"])
+    profile_costs.restore()
     return _gpu_report(steps, rounds, times, ratios, phases, torch)
+
+
+class ProfileCosts:
+    """What each profiled cell's report says it cost, kept by wrapping ``profile_cell.stop`` (which the
+    hooks call through the module) until ``restore``."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.stop = module.stop
+        self.last: Any = None
+        module.stop = self._stop
+
+    def _stop(self, profiler: Any, cell: int | None) -> Any:
+        report = self.stop(profiler, cell)
+        self.last = report.cost if report is not None else None
+        return report
+
+    def restore(self) -> None:
+        self.module.stop = self.stop
+
+
+def keep_phases(
+    name: str, phases: dict[str, list[float]], trace_costs: dict[str, float], profile: ProfileCosts
+) -> None:
+    """After a traced run its end-of-cell phases; after a profiled run what its report says it cost."""
+    if name == "trace":
+        for key in (*PHASES, "entries", "html_bytes"):
+            phases[key].append(float(trace_costs.get(key, float("nan"))))
+    elif name == "profile":
+        for key in PROFILE_PHASES:
+            phases[f"profile_{key}"].append(float(getattr(profile.last, key, float("nan"))))
 
 
 def _gpu_report(steps: int, rounds: int, times: dict[str, list[float]], ratios: dict[str, list[float]],
@@ -194,6 +229,11 @@ def _gpu_report(steps: int, rounds: int, times: dict[str, list[float]], ratios: 
     print(f"  end of the traced cell: snapshot {phase['snapshot_s'] * 1000:.0f} ms, analysis "
           f"{phase['analysis_s'] * 1000:.0f} ms, rendering {phase['render_s'] * 1000:.0f} ms "
           f"({phase['entries']:,.0f} trace entries, {phase['html_bytes']:,.0f} bytes of HTML)")  # fmt: skip
+    after = phase["profile_stop_s"] + phase["profile_group_s"]
+    print(f"  end of the profiled cell: stopping {phase['profile_stop_s']:.2f} s, reading back "
+          f"{phase['profile_group_s']:.2f} s ({phase['profile_operator_calls']:,.0f} calls); the rest of its "
+          f"{median['profile'] - median['plain']:.2f} s overhead, {median['profile'] - median['plain'] - after:.2f} s, "
+          "is the recording while the cell ran")  # fmt: skip
     if overhead > 0:
         recording = max(median["record"] - median["plain"], 0.0)
         print(f"  of the {overhead * 1000:.0f} ms overhead: recording {recording * 1000:.0f} ms while the cell runs, "
