@@ -145,7 +145,7 @@ def test_report_text_is_exact() -> None:
             "alone, total adds the operators it called."
         ),
         (
-            "Profiling recorded 5 operator calls and added about 0.75 s after the cell (stopping 0.25 s, grouping "
+            "Profiling recorded 5 operator calls and added about 0.75 s after the cell (stopping 0.25 s, reading back "
             "0.50 s), besides slowing each operator while it ran; host memory changed by 10.0 MiB while profiling "
             "(the cell's own use included)."
         ),
@@ -212,7 +212,7 @@ def test_many_calls_advise_a_shorter_cell() -> None:
     report = ProfileReport([], ProfileCost(1.0, 2.0, None, None, MANY_OPERATOR_CALLS), cuda=False, top=5, cell=None)
     assert report.cost_text() == (
         "Profiling recorded 1,000,000 operator calls and added about 3.00 s after the cell (stopping 1.00 s, "
-        "grouping 2.00 s), besides slowing each operator while it ran. The profiler keeps every call in host "
+        "reading back 2.00 s), besides slowing each operator while it ran. The profiler keeps every call in host "
         "memory until the cell ends: profile a shorter cell (a few steps of the loop) to keep that down."
     )
     assert repr(report).splitlines()[1] == "No operator allocated more than it freed during its call."
@@ -221,7 +221,7 @@ def test_many_calls_advise_a_shorter_cell() -> None:
 def test_a_slow_end_of_cell_advises_a_shorter_cell_too() -> None:
     slow = ProfileReport([], ProfileCost(2.5, 26.0, None, None, 265_199), cuda=False, top=5, cell=None)
     assert slow.cost_text().endswith(
-        "Most of that is reading back every call the profiler recorded, which grows with their number: "
+        "Both grow with the number of calls the profiler recorded: "
         "profile a shorter cell (a few steps of the loop) for a faster answer."
     )
     quick = ProfileReport([], ProfileCost(0.25, 0.5, None, None, 5_000), cuda=False, top=5, cell=None)
