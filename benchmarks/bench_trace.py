@@ -33,11 +33,14 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumem.core.collector import collector_paused
 from gpumem.core.trace import CellSnapshot, build_report
 from gpumem.core.trace.synthetic import synthetic_snapshot, training_snapshot
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 GOAL_RATIO = 1.15
 GOAL_RENDER_S = 1.0
@@ -150,7 +153,6 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
     }
     phases: dict[str, list[float]] = {name: [] for name in (*PHASES, "entries", "html_bytes")}
     phases.update({f"profile_{name}": [] for name in PROFILE_PHASES})
-    profile_costs = ProfileCosts(profile_cell)
 
     def run(name: str) -> float:
         gc.collect()  # untimed: what the previous run left (a profile's events) is not this run's cost
@@ -166,39 +168,42 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     ratios: dict[str, list[float]] = {name: [] for name in (*RATIOS_TO_PLAIN, *RATIOS_TO_BARE)}
     names = list(variants)
-    for round_number in range(rounds):
-        order = names[round_number % len(names) :] + names[: round_number % len(names)]
-        got = {}
-        for name in order:
-            got[name] = run(name)
-            keep_phases(name, phases, trace_cell.LAST_COSTS, profile_costs)
-        for name, seconds in got.items():
-            times[name].append(seconds)
-        for name in RATIOS_TO_PLAIN:
-            ratios[name].append(got[name] / got["plain"])
-        for name, variant in RATIOS_TO_BARE.items():
-            ratios[name].append(got[variant] / got["bare"])
-    profile_costs.restore()
+    with ProfileCosts(profile_cell) as profile_costs:
+        for round_number in range(rounds):
+            order = names[round_number % len(names) :] + names[: round_number % len(names)]
+            got = {}
+            for name in order:
+                got[name] = run(name)
+                keep_phases(name, phases, trace_cell.LAST_COSTS, profile_costs)
+            for name, seconds in got.items():
+                times[name].append(seconds)
+            for name in RATIOS_TO_PLAIN:
+                ratios[name].append(got[name] / got["plain"])
+            for name, variant in RATIOS_TO_BARE.items():
+                ratios[name].append(got[variant] / got["bare"])
     return _gpu_report(steps, rounds, times, ratios, phases, torch)
 
 
 class ProfileCosts:
     """What each profiled cell's report says it cost, kept by wrapping ``profile_cell.stop`` (which the
-    hooks call through the module) until ``restore``."""
+    hooks call through the module) inside the ``with`` block."""
 
     def __init__(self, module: Any) -> None:
         self.module = module
         self.stop = module.stop
         self.last: Any = None
-        module.stop = self._stop
+
+    def __enter__(self) -> Self:
+        self.module.stop = self._stop
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.module.stop = self.stop
 
     def _stop(self, profiler: Any, cell: int | None) -> Any:
         report = self.stop(profiler, cell)
         self.last = report.cost if report is not None else None
         return report
-
-    def restore(self) -> None:
-        self.module.stop = self.stop
 
 
 def keep_phases(
