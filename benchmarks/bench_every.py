@@ -71,14 +71,14 @@ def main() -> None:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="auto: CUDA if usable")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     options = parser.parse_args()
-    options.cuda = options.device == "cuda" or (options.device == "auto" and cuda_usable())
-    figures = measure(options.cuda)
+    cuda = options.device == "cuda" or (options.device == "auto" and cuda_usable())
+    figures = measure(cuda)
     for name, value in figures.items():
         print(f"{name:45s} {value:10.3f} µs")
     options.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(tz=dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = options.out / f"bench_every_{'cuda' if options.cuda else 'cpu'}_{stamp}.json"
-    path.write_text(json.dumps({"cuda": options.cuda, "per_call_us": figures}, indent=1) + "\n")
+    path = options.out / f"bench_every_{'cuda' if cuda else 'cpu'}_{stamp}.json"
+    path.write_text(json.dumps({"cuda": cuda, "per_call_us": figures}, indent=1) + "\n")
     print(f"written {path}")
 
 

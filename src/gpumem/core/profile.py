@@ -43,7 +43,7 @@ _TEXT_COLUMNS = 2  # operator and input shapes, left-aligned; the figures are ri
 
 
 class ProfileCost(NamedTuple):
-    """What the profiler itself cost: seconds to stop it and to group its events, and host memory."""
+    """What the profiler itself cost: seconds to stop it and to read its events back (``group_s``), and host memory."""
 
     stop_s: float
     group_s: float
