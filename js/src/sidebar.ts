@@ -265,6 +265,11 @@ export class SidebarController {
       this._kernel = host.sessionContext.session?.kernel ?? null;
       return;
     }
+    if (this._host) {
+      // One sidebar: the notebook whose panel it showed is no longer docked, so neither a reload nor
+      // that notebook's reconnecting status comm may dock it again over this one.
+      rememberDocked(this._host, false);
+    }
     this._unwatch();
     this._host = host;
     this._name = host.name();
