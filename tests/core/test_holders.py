@@ -162,10 +162,34 @@ def test_scheduler_does_not_take_the_model_or_optimizer_rows() -> None:
 
 def test_graph_paths_name_tensors_with_grad_fn() -> None:
     w = torch.ones(3, requires_grad=True)
-    losses = [(w * 2).sum() for _ in range(3)]
+    losses = [(w * w).sum() for _ in range(3)]  # each graph saves w for backward
     report = cpu({"losses": losses, "w": w})
     assert row(report, "losses").graph_paths == ("losses[0]", "losses[1]", "losses[2]")
     assert row(report, "w").graph_paths == ()
+
+
+def test_a_graph_backward_freed_or_that_saved_nothing_is_not_said_to_be_kept() -> None:
+    w = torch.ones(1000, requires_grad=True)
+    loss = (w.exp() * w).sum()  # saves exp(w), an activation no name holds
+    kept = (w + 1).sum()  # saves no tensor: only the leaf w, named anyway
+    report = cpu({"loss": loss, "kept": kept, "w": w})
+    assert row(report, "loss").graph_paths == ("loss",)
+    assert row(report, "loss").graph_saved_bytes == 4000
+    assert row(report, "kept").graph_paths == ()
+    loss.backward()  # frees what the graph saved; loss keeps its grad_fn
+    report = cpu({"loss": loss, "w": w})
+    assert loss.grad_fn is not None
+    assert row(report, "loss").graph_paths == ()
+    assert row(report, "loss").graph_saved_bytes == 0
+
+
+def test_a_graph_that_keeps_a_deleted_models_parameters_is_named() -> None:
+    model = torch.nn.Linear(10, 10)
+    out = model(torch.ones(1, 10)).sum()
+    del model  # only the graph's AccumulateGrad nodes keep the parameters now
+    report = cpu({"out": out})
+    assert row(report, "out").graph_paths == ("out",)
+    assert row(report, "out").graph_saved_bytes >= 440
 
 
 def test_leaf_gradient_counted_and_non_leaf_grad_never_read() -> None:

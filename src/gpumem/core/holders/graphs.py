@@ -5,7 +5,8 @@ Each node's saved tensors are read through torch's own ``_raw_saved_*`` descript
 ``SavedTensor.data`` returns the tensor without running any unpack hook; a Python ``Function``'s
 context is read through ``torch._C._FunctionBase``'s descriptors and its own ``__dict__`` only, so no
 user code runs. ``AccumulateGrad`` nodes keep their leaf (``variable``) alive too. After backward, a
-node's saved tensors are gone and ``data`` is None: nothing is counted for them.
+node's saved tensors are gone and ``data`` is None: nothing is counted for them, and a root whose graph keeps
+no tensor beyond leaves named elsewhere (a loss after ``backward()``) is no longer said to keep a graph alive.
 
 The walk is bounded by a node count and the holder walk's deadline; storages are counted once.
 """
@@ -75,6 +76,10 @@ class _NodeReader:
                 found.extend(_saved_data(item) for item in items)
         return [tensor for tensor in found if isinstance(tensor, self.tensor_type)]
 
+    def holds_leaf(self, node: Any) -> bool:
+        """An ``AccumulateGrad`` node: what it keeps is the leaf (a parameter), not a saved activation."""
+        return "variable" in self._names(type(node)) if not isinstance(node, self.function_base or ()) else False
+
     def _names(self, node_type: type) -> tuple[str, ...]:
         names = self._saved_names.get(node_type)
         if names is None:
@@ -130,11 +135,14 @@ def saved_by_graphs(
     seen: dict[int, Any] = {}
     notes: list[str] = []
     nodes = 0
+    keeping: dict[int, bool] = {}  # id(node) -> it keeps a tensor other than a leaf named elsewhere
     for root in sorted(roots, key=lambda r: (r.hidden, r.order)):
         queue = deque(walker.graph_starts.get(id(root), {}).values())
+        keeps = False
         while queue:
             node = queue.popleft()
             if id(node) in seen:
+                keeps = keeps or keeping[id(node)]
                 continue
             seen[id(node)] = node
             nodes += 1
@@ -142,11 +150,17 @@ def saved_by_graphs(
                 notes.append(f"autograd graphs: stopped after {nodes - 1:,} nodes (saved tensors are a lower bound)")
                 walker.saved_keys = counted
                 return per_root, sum(counted.values()), notes
+            keeping[id(node)] = False
+            leaf_holder = reader.holds_leaf(node)
             for tensor in _read_node(reader, node, queue):
                 for key, nbytes in storage_keys(tensor, walker.devices, reader.tensor_type):
+                    keeping[id(node)] = keeping[id(node)] or not (leaf_holder and key in known)
                     if key in known or key in counted:
                         continue
                     counted[key] = nbytes
                     per_root[id(root)] = per_root.get(id(root), 0) + nbytes
+            keeps = keeps or keeping[id(node)]
+        if not keeps:
+            root.graph_paths.clear()  # backward freed what it saved: the graph holds nothing more
     walker.saved_keys = counted
     return per_root, sum(counted.values()), notes
