@@ -303,3 +303,15 @@ def test_the_free_advice_names_what_empty_cache_returns(segmented: Any) -> None:
         "`%gpumem free` (torch.cuda.empty_cache()) returns 2.0 GiB of it to the device now "
         "(the segments no tensor uses)."
     )
+
+
+def test_a_request_just_above_the_device_size_shows_the_bytes_that_differ() -> None:
+    error = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 139.82 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
+        "137.90 GiB is free. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved "
+        "by PyTorch but unallocated."
+    )
+    report = oom.explain(error, source=FakeSource())
+    (advice,) = [item for item in report.advice if "larger than the whole device" in item]
+    asked, whole = (int(figure.replace(",", "")) for figure in re.findall(r"\(([\d,]+) B\)", advice))
+    assert asked > whole

@@ -252,9 +252,12 @@ def _advice(
     advice: list[str] = []
     too_large = requested is not None and total is not None and requested > total
     if too_large and requested is not None and total is not None:
+        asked, whole = format_bytes(requested), format_bytes(total)
+        if asked == whole:  # close enough to read alike: the bytes show which is larger
+            asked, whole = f"{requested:,} B", f"{total:,} B"
         advice.append(
-            f"The request alone ({format_bytes(requested)}) is larger than the whole device "
-            f"({format_bytes(total)}): no amount of freeing helps; use a smaller batch or shard the tensor."
+            f"The request alone ({asked}) is larger than the whole device "
+            f"({whole}): no amount of freeing helps; use a smaller batch or shard the tensor."
         )
     if fragmented is not None:
         advice.append(_fragmentation_advice(fragmented, message))
