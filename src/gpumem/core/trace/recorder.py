@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from gpumem.core.collector import collector_paused
 from gpumem.core.files import write_file
+from gpumem.core.torch_state import no_torch_reason
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "SKIPPED_ACTIONS", "CellSnapshot", "TraceRecorder", "save_snapshot"]
 
@@ -64,7 +65,7 @@ def _memory_api() -> tuple[_Memory | None, str | None]:
     """PyTorch's memory-history calls, or why the cell cannot be traced."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return None, "PyTorch is not imported (import torch in an earlier cell to trace this one)"
+        return None, no_torch_reason("trace this one")
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     record = getattr(memory, "_record_memory_history", None)
     snapshot = getattr(memory, "_snapshot", None)
