@@ -17,7 +17,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run a Python script under gpumem and report its memory on stderr at exit",
         description="Run SCRIPT as `python SCRIPT ARGS` would; at exit, print its memory report to stderr.",
     )
-    run.add_argument("--save", metavar="PATH", help="also keep the session (figures and timeline) as JSON")
+    run.add_argument(
+        "--save",
+        metavar="PATH",
+        help="also keep the session (figures and timeline) as a JSON export, which %%gpumem load shows",
+    )
     run.add_argument("--rate", metavar="HZ", type=float, default=10.0, help="samples per second (default 10)")
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")

@@ -480,3 +480,17 @@ def test_automatic_mode_names_the_kinds_of_backward_and_step_cells(gpu: Any) -> 
     assert run_cell_capture(gpu, "n = 1")[0].success  # memory unchanged: no walk at all
     assert _extension.get_state().tracker.walks == walks  # type: ignore[union-attr]
     assert gpu.run_cell("%gpumem auto off").success
+
+
+def test_status_rows_say_what_they_are_and_history_shows_kinds_on_a_gpu(gpu: Any) -> None:
+    """The small words where CUDA is in use: a row per device labelled cuda:N, the host's labelled host RAM;
+    the history's "by kind" column is there once a cell's CUDA tensors were sorted into kinds."""
+    assert gpu.run_cell("%gpumem auto on --vars always").success
+    assert run_cell_capture(gpu, "kept = torch.empty(64 << 20, dtype=torch.uint8, device='cuda:0')")[0].success
+    lines = run_cell_capture(gpu, "%gpumem status")[1].stdout.splitlines()
+    assert lines[1].startswith("  cuda:0   allocated ") and "(all processes)" in lines[1], lines
+    assert any(line.startswith("  host RAM RSS ") for line in lines), lines
+    assert not any(line.startswith("  now") for line in lines), lines
+    (output,) = run_cell_capture(gpu, "%gpumem history")[1].outputs
+    assert "by kind" in output.data["text/plain"] and "by kind" in output.data["text/html"]
+    assert gpu.run_cell("del kept\n%gpumem auto off").success

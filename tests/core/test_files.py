@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
 import pytest
 
-from gpumem.core.files import ForeignFileError, NotARegularFileError, replace_file
+from gpumem.core.cells.history import write_csv, write_json
+from gpumem.core.files import ForeignFileError, NotARegularFileError, replace_file, write_file
+from gpumem.core.session_io import capture_session, write_parquet, write_session
+from gpumem.core.timeline import Timeline
+from gpumem.core.trace.recorder import save_snapshot
+from gpumem.core.writers import CsvWriter
 
 
 def ours(start: bytes) -> bool:
@@ -59,3 +67,43 @@ def test_a_folder_or_a_device_is_never_replaced(tmp_path: Path) -> None:
     with pytest.raises(NotARegularFileError, match="is not a regular file"):
         replace_file("/dev/null", lambda handle: handle.write("x"), recognise=ours, force=True)
     assert Path("/dev/null").is_char_device()
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_every_file_gpumem_writes_whole_gets_the_mode_of_any_new_file(tmp_path: Path) -> None:
+    """0666 less the umask, as open() gives (0644 here), not mkstemp's 0600; a replaced file keeps its mode."""
+    writers: dict[str, Callable[[Path], object]] = {
+        "session.json": lambda path: write_session(capture_session(Timeline(), []), path),
+        "history.json": lambda path: write_json([], path),
+        "history.csv": lambda path: write_csv([], path),
+        "snapshot.pickle": lambda path: save_snapshot({"segments": []}, path),
+        "any.bin": lambda path: write_file(path, lambda handle: handle.write(b"\0"), binary=True),
+    }
+    for name, write in writers.items():
+        write(tmp_path / name)
+    metrics = CsvWriter(tmp_path / "metrics.csv")
+    metrics.write(1, {"a": 1.0})
+    metrics.write(2, {"a": 1.0, "b": 2.0})  # a wider header: the file is rewritten aside
+    assert (tmp_path / "metrics.csv").read_text().startswith("step,wall_time_s,a,b\n")
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tmp_path.iterdir()}
+    assert modes == dict.fromkeys([*writers, "metrics.csv"], 0o644)
+    (tmp_path / "session.json").chmod(0o600)
+    write_session(capture_session(Timeline(), []), tmp_path / "session.json")
+    assert stat.S_IMODE((tmp_path / "session.json").stat().st_mode) == 0o600
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_parquet_files_get_the_mode_of_any_new_file(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    written = write_parquet(capture_session(Timeline(), []), tmp_path / "run")
+    assert {stat.S_IMODE(path.stat().st_mode) for path in written} == {0o644}
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(path.name for path in written)

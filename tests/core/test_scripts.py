@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -68,14 +69,36 @@ def test_the_guides_flow_on_the_host_source_without_cuda() -> None:
         mon.stop()
 
 
-def test_report_prints_in_a_script_and_returns_the_object(
-    mon: Monitor, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_print_of_the_report_in_a_script_prints_the_table_once(tmp_path) -> None:
+    """In a real script: report() returns the table, print() writes it, once; mon.report() alone prints nothing."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from gpumem.core.monitor import Monitor\n"
+        "from gpumem.testing import FakeSource\n"
+        "mon = Monitor(FakeSource())\n"
+        "mon.snapshot('only_tag')\n"
+        "mon.report()\n"
+        "print('-- printed:')\n"
+        "print(mon.report())\n"
+        "mon.stop()\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    before, printed = done.stdout.split("-- printed:\n")
+    assert before == ""
+    assert printed.count("only_tag") == 1
+    assert printed.startswith("gpumem: memory at each tag")
+
+
+def test_report_writes_to_the_file_it_is_given_and_returns_the_object(
+    mon: Monitor, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delattr(sys, "ps1", raising=False)  # an IPython shell made by an earlier test sets it
-    monkeypatch.setattr(sys, "displayhook", sys.__displayhook__)
     mon.snapshot("only")
-    report = mon.report()
-    assert "only" in capsys.readouterr().out
+    out = io.StringIO()
+    report = mon.report(file=out)
+    assert "only" in out.getvalue() and str(report) == out.getvalue()
+    assert capsys.readouterr().out == ""
     assert "<table" in report._repr_html_()
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import PEAK_RESET_NOTE
+from gpumem.core.session_io import read_session
+from gpumem.core.session_view import LoadedSession
 from gpumem.core.spans import SpanRecord
 from gpumem.core.thresholds import ThresholdEvent
 
@@ -134,7 +136,7 @@ def test_threshold_callback_fires_once_per_crossing_on_a_real_gpu(torch: Any, mo
     assert events[0].allocated_bytes is not None and events[0].allocated_bytes >= 2 * GIB
 
 
-def test_gpumem_run_reports_the_exact_peak_of_a_cuda_script(tmp_path: Path) -> None:
+def test_gpumem_run_reports_the_exact_peak_of_a_cuda_script_and_saves_a_session_load_shows(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
         textwrap.dedent(
@@ -148,14 +150,21 @@ def test_gpumem_run_reports_the_exact_peak_of_a_cuda_script(tmp_path: Path) -> N
         )
     )
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    save = tmp_path / "run.json"
     done = subprocess.run(
-        [sys.executable, "-m", "gpumem", "run", str(script)],
+        [sys.executable, "-m", "gpumem", "run", "--save", str(save), str(script)],
         capture_output=True, text=True, timeout=180, env=env, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "done\n"
     assert "cuda:0: peak allocated 1.0 GiB" in done.stderr  # exact: no "≥"
     assert "at exit 256.0 MiB allocated" in done.stderr
+    session = read_session(save)  # the one session format, as %gpumem load reads it
+    assert session.run is not None
+    (device,) = [row for row in session.run["figures"] if row["device"] == 0]
+    assert device["peak_allocated_bytes"] == GIB and device["peak_exact"]
+    assert "cuda:0/allocated" in session.timeline.values
+    assert "cuda:0: peak allocated 1.0 GiB" in repr(LoadedSession(session, str(save)))
 
 
 NCCL_JOB = """

@@ -159,10 +159,17 @@ def test_large_trace_stays_small() -> None:
 
 
 def test_recorder_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails, as where it is not installed
+    recorder = TraceRecorder()
+    assert recorder.start() == "PyTorch is not installed in this Python environment"
+    assert recorder.stop() is None
+
+
+def test_recorder_with_torch_installed_but_not_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.delitem(sys.modules, "torch")  # installed, not imported yet (put back after the test)
     recorder = TraceRecorder()
     assert recorder.start() == "PyTorch is not imported (import torch in an earlier cell to trace this one)"
-    assert recorder.stop() is None
 
 
 def test_recorder_without_cuda() -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from gpumem.core.session_io import read_session
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -59,7 +62,7 @@ def test_system_exit_with_a_message_prints_it_and_exits_1(tmp_path: Path) -> Non
     assert done.stderr.startswith("usage: train.py FILE\n")
 
 
-def test_save_keeps_the_session_as_json(tmp_path: Path) -> None:
+def test_save_keeps_the_session_as_an_export_that_load_reads(tmp_path: Path) -> None:
     script = "x = bytearray(32 << 20)\nprint('ok')\n"
     path = tmp_path / "train.py"
     path.write_text(script)
@@ -67,16 +70,19 @@ def test_save_keeps_the_session_as_json(tmp_path: Path) -> None:
     session = tmp_path / "out" / "session.json"
     done = subprocess.run(
         [sys.executable, "-m", "gpumem", "run", "--save", str(session), str(path)],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
+        capture_output=True, text=True, timeout=120, env=env, check=False, preexec_fn=lambda: os.umask(0o022),
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout == "ok\n"
+    assert stat.S_IMODE(session.stat().st_mode) == 0o644  # the mode any new file gets under umask 022
     data = json.loads(session.read_text())
-    assert data["format"] == "gpumem-session" and data["exit_code"] == 0
-    assert data["script"] == str(path.resolve()) and data["argv"] == []
-    host = data["figures"][0]
+    assert data["gpumem_session"] == 1 and data["run"]["exit_code"] == 0  # the format %gpumem export writes
+    assert data["run"]["script"] == str(path.resolve()) and data["run"]["argv"] == []
+    host = data["run"]["figures"][0]
     assert host["host_peak_rss_bytes"] >= 32 << 20  # the script's bytearray is in the process's peak
-    assert "host/rss" in data["timeline"]["values_bytes"]
+    assert "host/rss" in data["timeline"]["values"]
     assert f"session saved to {session}" in done.stderr
+    loaded = read_session(session)
+    assert loaded.run == data["run"] and loaded.timeline.times == data["timeline"]["times"]
 
 
 def test_a_missing_script_is_an_error_of_its_own(tmp_path: Path) -> None:

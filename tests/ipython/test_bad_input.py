@@ -151,13 +151,15 @@ def test_status_counts_in_words_and_aligns_its_labels(shell: Any) -> None:
     assert "  history  1 cell recorded" in cap.stdout
 
 
-def test_a_zero_lower_bound_reads_as_zero_and_an_empty_cell_is_named(shell: Any) -> None:
+def test_a_zero_lower_bound_reads_as_zero_and_an_empty_cell_measures_nothing(shell: Any) -> None:
     shell.user_ns["src"].allocate(MIB)
-    _result, cap = run_cell_capture(shell, "%%gpumem --keep-peaks\n")
+    _result, cap = run_cell_capture(shell, "%%gpumem --keep-peaks\npass")
     text = cap.outputs[-1].data["text/plain"]
     html = cap.outputs[-1].data["text/html"]
-    assert "(empty cell)" in text.splitlines()[0] and "(empty cell)" in html
+    assert "pass" in text.splitlines()[0] and "pass" in html
     assert "≥ 0 B" in text and "≥ ±0 B" not in text and "≥ ±0 B" not in html
+    _result, cap = run_cell_capture(shell, "%%gpumem --keep-peaks\n")
+    assert not cap.outputs and "nothing measured" in cap.stdout and "0 B" not in cap.stdout
 
 
 # Python API ----------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ that holds the user's cells, not gpumem's own commands. Real IPython shell, fake
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,14 +120,16 @@ def test_status_prints_the_figures_now_as_the_terminal_monitor_note_promises(she
     _result, cap = run_cell_capture(shell, "%gpumem status")
     lines = cap.stdout.splitlines()
     assert lines[1] == (
-        f"  now      cuda:0 allocated {format_bytes(allocator.allocated_bytes)}, "
+        f"  cuda:0   allocated {format_bytes(allocator.allocated_bytes)}, "
         f"reserved {format_bytes(allocator.reserved_bytes)}, device used {format_bytes(whole.used_bytes)} "
         f"of {format_bytes(whole.total_bytes)} (all processes)"
     )
     assert allocator.allocated_bytes >= 300 * MIB
     assert snapshot.host is not None
-    assert lines[2] == f"  now      host RSS {format_bytes(snapshot.host.rss_bytes)} (this process)"
+    assert lines[2] == f"  host RAM RSS {format_bytes(snapshot.host.rss_bytes)} (this process)"
     assert lines[3].startswith("  torch")
+    labels = [line[2:10].strip() for line in lines[1:] if line[2:10].strip()]
+    assert len(labels) == len(set(labels)), labels  # each row says what it is, no label twice
 
 
 def test_help_usage_lines_are_filled_and_aligned_under_the_first_option(shell: Any) -> None:
@@ -139,3 +142,116 @@ def test_help_usage_lines_are_filled_and_aligned_under_the_first_option(shell: A
     assert all(len(line) <= 100 for line in usage), usage
     _result, cap = run_cell_capture(shell, "%gpumem monitor -h")
     assert cap.stdout.splitlines()[2].startswith("%gpumem monitor [-w WINDOW]")
+
+
+def _error_line(shell: Any, line: str) -> str:
+    result, cap = run_cell_capture(shell, line)
+    assert result.error_in_exec is not None or result.error_before_exec is not None, line
+    said = (cap.stderr + cap.stdout).strip()
+    assert "Traceback" not in said and len(said.splitlines()) == 1, said
+    return said
+
+
+@pytest.mark.parametrize(
+    ("line", "hint"),
+    [
+        ("%gpumem histroy", "did you mean history?"),
+        ("%gpumem stauts", "did you mean status?"),
+        ("%gpumem history --lsat 3", "did you mean --last?"),
+        ("%gpumem auto on --treshold 1GiB", "did you mean --threshold?"),
+        ("%gpumem who --cycels", "did you mean --cycles?"),
+        ("%gpumem free --depe", "did you mean --deep?"),
+    ],
+)
+def test_a_mistyped_subcommand_or_option_gets_a_did_you_mean(shell: Any, line: str, hint: str) -> None:
+    said = _error_line(shell, line)
+    assert said.startswith("UsageError: %gpumem") and hint in said, said
+
+
+def test_a_mistyped_cell_option_gets_a_did_you_mean_and_the_cell_does_not_run(shell: Any) -> None:
+    said = _error_line(shell, "%%gpumem --trcae\nran = True")
+    assert "unrecognized arguments: --trcae; did you mean --trace?" in said, said
+    assert "ran" not in shell.user_ns
+
+
+def test_nothing_close_gets_no_guess(shell: Any) -> None:
+    said = _error_line(shell, "%gpumem xyzzy")
+    assert "did you mean" not in said and "use one of: auto, export" in said
+    assert "did you mean" not in _error_line(shell, "%gpumem history --zzz")
+
+
+@pytest.mark.parametrize("body", ["", "\n\n", "# only a comment\n   \n# and another"])
+def test_a_cell_with_no_code_says_nothing_was_measured(shell: Any, body: str) -> None:
+    before = len(history())
+    result, cap = run_cell_capture(shell, "%%gpumem\n" + body)
+    assert result.success
+    assert cap.stdout == "%%gpumem: nothing measured (the cell has no code below the %%gpumem line)\n"
+    assert not cap.outputs and "peak" not in cap.stdout
+    assert len(history()) == before  # no row of noise in the history
+    result, cap = run_cell_capture(shell, "%%gpumem -q\n# quiet")
+    assert result.success and cap.stdout == "" and not cap.outputs
+
+
+def test_a_cell_with_no_code_called_as_a_function_says_so_too(shell: Any) -> None:
+    result, cap = run_cell_capture(shell, "get_ipython().run_cell_magic('gpumem', '', '# nothing here')")
+    assert result.success
+    assert "nothing measured" in cap.stdout and not cap.outputs
+
+
+def test_automatic_mode_records_no_cell_without_code(shell: Any) -> None:
+    run_cell_capture(shell, "%gpumem auto on --threshold 0")
+    run_cell_capture(shell, "a = src.allocate(MIB)")
+    shell.user_ns["src"].allocate(5 * MIB)  # memory that changes between cells: no comment-only cell owns it
+    result, cap = run_cell_capture(shell, "# a note to myself")
+    assert result.success and cap.stdout == "" and not cap.outputs
+    assert [record.first_line for record in history()] == ["a = src.allocate(MIB)"]
+
+
+def test_history_hides_the_by_kind_column_when_no_cell_has_kinds(ip: Any) -> None:
+    """On a machine without CUDA (the real host source, torch's CPU build or none) no cell is sorted by kind."""
+    set_default_monitor(Monitor(FakeSource(devices=0)))
+    assert ip.run_cell("%load_ext gpumem").success
+    try:
+        run_cell_capture(ip, "%gpumem auto on")
+        run_cell_capture(ip, "data = bytearray(8 << 20)")
+        run_cell_capture(ip, "more = bytearray(8 << 20)")
+        _result, cap = run_cell_capture(ip, "%gpumem history")
+        (output,) = cap.outputs
+        text, page = output.data["text/plain"], output.data["text/html"]
+        assert "data = bytearray(8 << 20)" in text and "more = bytearray" in page
+        assert "by kind" not in text and "by kind" not in page
+        assert text.splitlines()[0].split()[-5:] == ["host", "\u0394", "warnings", "first", "line"]
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def test_who_names_large_numpy_arrays_it_does_not_count(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch not imported (as in a fresh kernel): no tensor holds memory, but the arrays hold host memory."""
+    np = pytest.importorskip("numpy")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    shell.user_ns.update(big=np.zeros(256 * MIB, dtype=np.uint8), small=np.zeros(4, dtype=np.uint8))
+    shell.user_ns["view"] = shell.user_ns["big"][: 128 * MIB]  # shares big's memory: counted once, as big
+    _result, cap = run_cell_capture(shell, "%gpumem who")
+    (output,) = cap.outputs
+    text = output.data["text/plain"]
+    assert "so no tensor can hold memory" in text
+    assert text.splitlines()[-1] == (
+        "numpy arrays, host memory not listed here (who names torch tensors only): big 256.0 MiB, small 4 B"
+    )
+    assert "big 256.0 MiB" in output.data["text/html"]
+    del shell.user_ns["big"], shell.user_ns["view"]
+    _result, cap = run_cell_capture(shell, "%gpumem who")
+    assert "numpy" not in cap.outputs[0].data["text/plain"]  # under a megabyte: not worth a line
+
+
+def test_who_for_cpu_memory_names_numpy_arrays_too(shell: Any) -> None:
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("torch")
+    shell.user_ns["table"] = np.ones((1024, 1024), dtype=np.float32)
+    _result, cap = run_cell_capture(shell, "%gpumem who --device cpu")
+    assert "numpy arrays, host memory not listed here (who names torch tensors only): table 4.0 MiB" in (
+        cap.outputs[0].data["text/plain"]
+    )
+    _result, cap = run_cell_capture(shell, "%gpumem who")
+    assert "numpy" not in cap.outputs[0].data["text/plain"]  # the question is CUDA memory

@@ -24,6 +24,7 @@ _COMMANDS = [
     ("cells", "x = [0] * 1000; y = bytearray(8 << 20)"),
     ("auto off", "%gpumem auto off"),
     ("cell magic", "get_ipython().run_cell('%%gpumem\\nz = bytearray(4 << 20)')"),
+    ("trace", "get_ipython().run_cell('%%gpumem --trace --profile\\nq = 1')"),
     ("history", "%gpumem history"),
     ("status", "%gpumem status"),
     ("who", "%gpumem who"),
@@ -100,4 +101,7 @@ def test_every_subcommand_works_or_says_why_in_terminal_ipython(variant: str, tm
     assert "threads []" in sections["threads"], sections["threads"]
     if variant == "no torch":
         assert "torch" in sections["status"], sections["status"]
+        # torch cannot be imported here: the advice is not to import it in an earlier cell
+        assert "earlier cell" not in sections["trace"], sections["trace"]
+        assert sections["trace"].count("PyTorch is not installed in this Python environment") == 2, sections["trace"]
     print(variant, {name: text.strip().splitlines()[:1] for name, text in sections.items()})

@@ -2,9 +2,11 @@
 
 The new content goes to a temporary file in the target's own folder (a rename across file systems
 is not atomic), is flushed to disk, and only then takes the target's place with ``os.replace``. If
-anything fails before that, the old file is untouched and the temporary file is removed. A target
-that exists but is not recognised as a file of ours is refused unless forced, so a mistyped path
-cannot overwrite someone's notes.
+anything fails before that, the old file is untouched and the temporary file is removed. A new file
+gets the mode any other new file gets (0666 less the umask, as ``open()`` gives); a replaced one keeps
+its own. A target that exists but is not recognised as a file of ours is refused unless forced, so a
+mistyped path cannot overwrite someone's notes. Every file gpumem writes whole goes through here:
+exports, the session of ``python -m gpumem run --save``, a widened metrics CSV, a ``--trace-save`` snapshot.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import IO, Any, TextIO
 
-__all__ = ["ForeignFileError", "NotARegularFileError", "replace_file"]
+__all__ = ["ForeignFileError", "NotARegularFileError", "replace_file", "write_file"]
 
 # How much of an existing file is read to recognise it (its first line, or a JSON marker near the start).
 _RECOGNISE_BYTES = 64 * 1024
@@ -52,11 +54,38 @@ def replace_file(
     existing = _existing(target)
     if existing is not None and existing.st_size and not force and not recognise(_start_of(target)):
         raise ForeignFileError(errno.EEXIST, "exists and is not a file gpumem wrote", str(path))
+    _write_aside(target, existing, write, binary=False, newline=newline)
+    return existing is not None
+
+
+def write_file(path: str | os.PathLike[str], write: Callable[[IO[Any]], object], *, binary: bool = False) -> bool:
+    """Write ``path`` with ``write(handle)`` atomically, whatever file was there (a folder is refused);
+    True when one was replaced. ``binary``: the handle takes bytes; otherwise UTF-8 text, lines as written."""
+    target = Path(os.path.realpath(os.fspath(path)))
+    existing = _existing(target)
+    _write_aside(target, existing, write, binary=binary, newline="")
+    return existing is not None
+
+
+def _write_aside(
+    target: Path,
+    existing: os.stat_result | None,
+    write: Callable[[Any], object],
+    *,
+    binary: bool,
+    newline: str | None,
+) -> None:
+    """The temporary file, written, flushed to disk and renamed over ``target`` (removed on any failure)."""
     # Hidden, unique, and short enough for any name the target itself may have (255 bytes at most).
     temporary = target.with_name(f".{target.name[:_NAME_KEPT]}.{secrets.token_hex(4)}.tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", errors="backslashreplace", newline=newline) as handle:
+        handle = (
+            os.fdopen(descriptor, "wb")
+            if binary
+            else os.fdopen(descriptor, "w", encoding="utf-8", errors="backslashreplace", newline=newline)
+        )
+        with handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -68,7 +97,6 @@ def replace_file(
             temporary.unlink()
         raise
     _sync_folder(target.parent)
-    return existing is not None
 
 
 def _existing(target: Path) -> os.stat_result | None:

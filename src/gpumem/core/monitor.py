@@ -7,7 +7,6 @@ however many panels are open, one thread samples.
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -39,7 +38,7 @@ class Monitor:
     >>> monitor.timeline.window()    # doctest: +SKIP
 
     In scripts: ``snapshot("after_model")`` records a tagged reading, ``track("forward")`` measures a
-    block, ``every(100)`` / ``step()`` log step metrics, ``report()`` shows them all. ``warn_at``: warn
+    block, ``every(100)`` / ``step()`` log step metrics, ``print(report())`` shows them all. ``warn_at``: warn
     (once per crossing) when a device is that full while the sampler runs; None: no warning.
     """
 
@@ -174,13 +173,13 @@ class Monitor:
         return self.recorder.track(label)
 
     def report(self, *, file: Any = None, title: str = "gpumem") -> MemoryReport:
-        """The tags, scopes and gathered ranks, as an object that IPython and Jupyter display (HTML there).
-
-        Where nothing displays returned values (a script), the text is written to ``file`` (stdout) too.
+        """The tags, scopes and gathered ranks, as an object: IPython and Jupyter display it (HTML there),
+        ``print(monitor.report())`` writes its text (in a script). Nothing is printed by this call itself,
+        unless ``file`` is given (e.g. ``sys.stderr``): then the text is written there too.
         """
         report = self.recorder.report(title)
-        if file is not None or not _shows_results():
-            (file if file is not None else sys.stdout).write(str(report))
+        if file is not None:
+            file.write(str(report))
         return report
 
     def to_dataframe(self) -> Any:
@@ -252,11 +251,6 @@ class Monitor:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _shows_results() -> bool:
-    """Whether a returned value gets displayed: an interactive prompt, or IPython's own display hook."""
-    return hasattr(sys, "ps1") or sys.displayhook is not sys.__displayhook__
 
 
 _SOURCE_METHODS = ("snapshot", "cuda_devices", "device_info", "reset_peaks", "empty_cache", "status")

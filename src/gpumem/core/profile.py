@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from gpumem.core.cells.formatting import STYLE
 from gpumem.core.profile_events import OperatorMemory, read_operators, shapes_text, sort_rows
+from gpumem.core.torch_state import no_torch_reason
 from gpumem.core.units import format_bytes
 
 __all__ = [
@@ -195,7 +196,7 @@ class CellProfiler:
         torch = sys.modules.get("torch")
         profiler = getattr(torch, "profiler", None)
         if torch is None or profiler is None or not hasattr(profiler, "profile"):
-            return "PyTorch is not imported (import torch in an earlier cell to profile this one)"
+            return no_torch_reason("profile this one")
         if getattr(getattr(torch.autograd, "profiler", None), "_is_profiler_enabled", False):
             return "a PyTorch profiler is already running in this process (a second one would disturb it)"
         activities = [profiler.ProfilerActivity.CPU]

@@ -3,13 +3,12 @@
 The script gets its own ``sys.argv``, ``__name__ == "__main__"`` and its exit code; an exception is shown
 by ``sys.excepthook`` from the script's first frame on and exits 1. gpumem writes only to stderr, once,
 at the end: the peak of every device (exact from the allocator's counters unless marked), when the
-sampler saw it, and the session's timeline summary; ``--save`` keeps it all as JSON.
+sampler saw it, and the session's timeline summary; ``--save`` keeps it all as a session export
+(:mod:`gpumem.core.session_io`'s format, the run's figures under ``run``), which ``%gpumem load`` shows.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import runpy
 import sys
 import time
@@ -20,14 +19,13 @@ from typing import Any, NamedTuple, TextIO
 from gpumem.core.monitor import Monitor, default_monitor
 from gpumem.core.sampler import channel_device
 from gpumem.core.script_report import report_rows
+from gpumem.core.session_io import SessionData, capture_session, write_session
 from gpumem.core.spans import SpanRecord
 from gpumem.core.thresholds import DEFAULT_WARN_FRACTION
 from gpumem.core.units import format_bytes
-from gpumem.core.writers import atomic_write_text
 
-__all__ = ["SessionResult", "run_script", "session_text"]
+__all__ = ["SessionResult", "run_figures", "run_script", "session_text"]
 
-SESSION_FORMAT = 1
 INTERRUPTED_EXIT = 130  # what a shell reports for a process stopped by Ctrl-C
 
 
@@ -40,7 +38,6 @@ class SessionResult(NamedTuple):
     peak_times_s: dict[int, float]  # per device, seconds after the start of the highest sampled allocation
     samples: int
     mean_sample_s: float
-    session: dict[str, Any]
 
 
 def _exit_code(code: object) -> int:
@@ -125,13 +122,14 @@ def run_script(
         cost = monitor.sampler.cost()
         result = SessionResult(
             str(path), tuple(argv), code, record, started, _peak_times(monitor, started),
-            cost.samples, cost.mean_s, {},
+            cost.samples, cost.mean_s,
         )  # fmt: skip
-        result = result._replace(session=session_dict(result, monitor))
         out = stream or sys.stderr
         out.write(session_text(result))
         if save:
-            _save(save, result.session, out)
+            saved = capture_session(monitor.timeline, ())
+            saved.run = run_figures(result)
+            _save(save, saved, out)
     return code
 
 
@@ -161,11 +159,9 @@ def session_text(result: SessionResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def session_dict(result: SessionResult, monitor: Monitor) -> dict[str, Any]:
-    series = monitor.timeline.window(result.started_monotonic_s)
+def run_figures(result: SessionResult) -> dict[str, Any]:
+    """What a saved session keeps of the run itself (its ``run``): times in seconds from its start."""
     return {
-        "format": "gpumem-session",
-        "version": SESSION_FORMAT,
         "script": result.script,
         "argv": list(result.argv),
         "exit_code": result.exit_code,
@@ -173,20 +169,19 @@ def session_dict(result: SessionResult, monitor: Monitor) -> dict[str, Any]:
         "duration_s": result.record.duration_s,
         "figures": report_rows([result.record]),
         "peak_times_s": {f"cuda:{device}": at for device, at in result.peak_times_s.items()},
-        "timeline": {
-            "times_s": [t - result.started_monotonic_s for t in series.times],
-            "values_bytes": {
-                name: [None if math.isnan(v) else v for v in values] for name, values in series.values.items()
-            },
-        },
         "samples": result.samples,
     }
 
 
-def _save(path: str, session: dict[str, Any], out: TextIO) -> None:
+def _save(path: str, session: SessionData, out: TextIO) -> None:
+    """Write the session export; a file there that is not a gpumem session is left as it was."""
+    target = Path(path).expanduser()
     try:
-        atomic_write_text(Path(path), json.dumps(session, indent=1) + "\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_session(session, target)
+    except FileExistsError:
+        out.write(f"gpumem run: {path} exists and is not a gpumem session; it was left as it was\n")
     except OSError as error:
         out.write(f"gpumem run: could not save the session to {path}: {error}\n")
     else:
-        out.write(f"gpumem: session saved to {path}\n")
+        out.write(f"gpumem: session saved to {path} (%gpumem load {path} shows it)\n")

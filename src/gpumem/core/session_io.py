@@ -7,7 +7,9 @@ minimum and maximum, so every peak ever sampled is there), and as its whole stor
 (resolution) row by row with its open bucket (:meth:`Timeline.store_state`), which loading rebuilds
 exactly. A cell is :func:`record_to_dict`'s object plus
 ``quiet``; loading rebuilds the same :class:`CellRecord`, so a round trip is exact (NaN, "not
-measured", is written as null). The JSON file is written atomically; with pyarrow installed
+measured", is written as null). ``python -m gpumem run --save`` writes this same format, with the
+run's own figures under ``run`` (cells: none); files it wrote in its earlier format (``"format":
+"gpumem-session"``) load too. The JSON file is written atomically; with pyarrow installed
 (``pip install jupyter-gpumem[parquet]``) the same document can also be written as a set of Parquet
 files (:mod:`gpumem.core.session_parquet`), which :func:`read_session` reads back as exactly.
 """
@@ -64,6 +66,9 @@ __all__ = [
 JSON_MARKER = "gpumem_session"
 JSON_VERSION = 1
 _HISTORY_MARKER = "gpumem_history"  # %gpumem history --json files load too (cells only)
+# ``python -m gpumem run --save``'s earlier format ({"format": "gpumem-session", "version": 1, ...}): users have them.
+_RUN_FORMAT = "gpumem-session"
+_RUN_KEYS = ("script", "argv", "exit_code", "started_wall_s", "duration_s", "figures", "peak_times_s", "samples")
 
 
 class SavedReport(NamedTuple):
@@ -98,6 +103,9 @@ class SessionData:
     notes: list[str] = field(default_factory=list)
     reports: list[SavedReport] = field(default_factory=list)
     store: dict[str, Any] | None = None  # Timeline.store_state(): every level; None in older exports
+    # What ``python -m gpumem run`` measured of its script (script, argv, exit_code, started_wall_s,
+    # duration_s, figures: the report's rows, peak_times_s, samples); None for a notebook's session.
+    run: dict[str, Any] | None = None
 
     def restore_timeline(self) -> Timeline | None:
         """The exported timeline store rebuilt, every level as it was (None: the export has none)."""
@@ -141,6 +149,7 @@ def session_to_json(data: SessionData) -> dict[str, Any]:
         "cells": cells,
         "reports": [report._asdict() for report in data.reports],
         "store": None if data.store is None else _store_to_json(data.store),
+        "run": data.run,
     }
 
 
@@ -202,8 +211,9 @@ def write_session(data: SessionData, path: str | os.PathLike[str], *, force: boo
 
 
 def is_session_export(start: bytes) -> bool:
+    """Whether a file starts as a session export does (also one of ``run --save``'s earlier format)."""
     text = start.decode("utf-8", errors="replace").lstrip()
-    return re.match(r'\{\s*"' + JSON_MARKER + r'"\s*:', text) is not None
+    return re.match(r'\{\s*"(' + JSON_MARKER + r'"\s*:|format"\s*:\s*"' + _RUN_FORMAT + '")', text) is not None
 
 
 def write_parquet(data: SessionData, stem: Path) -> list[Path]:
@@ -259,6 +269,8 @@ def _session_from_document(document: Any) -> SessionData:
     if document.get(_HISTORY_MARKER) == 1:
         cells = _cells(document.get("cells"))
         return SessionData(Series([], {}), [], cells, notes=["A history export: cells only, no timeline."])
+    if document.get("format") == _RUN_FORMAT and JSON_MARKER not in document:
+        return _session_from_run_file(document)
     version = document.get(JSON_MARKER)
     if version is None:
         raise SessionFormatError(f"not a gpumem export (no {JSON_MARKER!r} key)")
@@ -272,6 +284,34 @@ def _session_from_document(document: Any) -> SessionData:
         exported_wall_s=_optional_float(document.get("exported_wall_s")),
         reports=_reports(document.get("reports", [])),
         store=_store_from_json(document.get("store")),
+        run=_run(document.get("run")),
+    )
+
+
+def _run(value: Any) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise SessionFormatError("run: expected an object")
+    return value
+
+
+def _session_from_run_file(document: dict[str, Any]) -> SessionData:
+    """A file ``python -m gpumem run --save`` wrote in its earlier format: the run's figures and its timeline
+    (times counted from the start of the run), no cells, no marks."""
+    if document.get("version") != 1:
+        raise SessionFormatError(f"a gpumem run file of version {document.get('version')!r}; this gpumem reads 1")
+    timeline = document.get("timeline")
+    if not isinstance(timeline, dict):
+        raise SessionFormatError("timeline: expected an object")
+    started = _optional_float(document.get("started_wall_s"))
+    duration = _optional_float(document.get("duration_s"))
+    return SessionData(
+        timeline=_series({"times": timeline.get("times_s"), "values": timeline.get("values_bytes")}),
+        marks=[],
+        cells=[],
+        wall_offset_s=started,
+        exported_wall_s=None if started is None or duration is None else started + duration,
+        notes=["Saved by python -m gpumem run --save (its earlier format): the run's timeline and figures."],
+        run={key: document[key] for key in _RUN_KEYS if key in document},
     )
 
 

@@ -17,8 +17,11 @@ import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from gpumem.core.files import write_file
 
 __all__ = ["ParquetExportError", "parquet_stem", "read_document", "read_store_document", "write_document"]
 
@@ -63,13 +66,7 @@ def write_document(document: Mapping[str, Any], rows: Sequence[Mapping[str, Any]
     written = []
     for suffix, table in tables:
         target = stem.with_name(stem.name + suffix)
-        aside = target.with_name(f".{target.name}.tmp")
-        try:
-            pq.write_table(table, aside)
-            aside.replace(target)
-        except BaseException:
-            aside.unlink(missing_ok=True)
-            raise
+        write_file(target, partial(pq.write_table, table), binary=True)
         written.append(target)
     return written
 

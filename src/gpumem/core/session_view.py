@@ -10,6 +10,7 @@ import html
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gpumem.core.cells.formatting import STYLE, format_duration
@@ -58,14 +59,31 @@ class LoadedSession:
                 lines.append(f"  {name}: never measured")
         return lines
 
+    def run_lines(self) -> list[str]:
+        """For a session ``python -m gpumem run --save`` wrote: the script, its exit code, its peaks."""
+        run = self.data.run
+        if not run:
+            return []
+        command = " ".join(str(word) for word in [Path(str(run.get("script", "?"))).name, *(run.get("argv") or [])])
+        duration = run.get("duration_s")
+        took = f", {format_duration(duration)}" if isinstance(duration, (int, float)) else ""
+        lines = [f"python -m gpumem run {command}: exit code {run.get('exit_code', '?')}{took}"]
+        for row in run.get("figures") or []:
+            peak = row.get("peak_allocated_bytes") if isinstance(row, dict) else None
+            if isinstance(peak, int) and isinstance(row.get("device"), int):
+                bound = "" if row.get("peak_exact") else "\u2265 "
+                lines.append(f"  cuda:{row['device']}: peak allocated {bound}{format_bytes(peak)}")
+        return lines
+
     def __repr__(self) -> str:
-        parts = [self._title(), *self.channel_lines(), *self.data.notes]
+        parts = [self._title(), *self.run_lines(), *self.channel_lines(), *self.data.notes]
         parts.append(repr(HistoryTable(self.data.cells)))
         parts.extend(f"\n{_report_title(report)}\n{report.text}" for report in self.data.reports)
         return "\n".join(parts)
 
     def _repr_html_(self) -> str:
-        lines = "".join(f"<div>{html.escape(line)}</div>" for line in [*self.channel_lines(), *self.data.notes])
+        shown = [*self.run_lines(), *self.channel_lines(), *self.data.notes]
+        lines = "".join(f"<div>{html.escape(line)}</div>" for line in shown)
         table = HistoryTable(self.data.cells)._repr_html_()
         return (
             f"{STYLE}<div class='gpumem-report'><b>{html.escape(self._title())}</b>{lines}"

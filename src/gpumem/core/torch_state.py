@@ -15,7 +15,7 @@ import threading
 from enum import Enum
 from typing import Any, NamedTuple
 
-__all__ = ["TorchCase", "TorchState", "cuda_device_count", "no_device_reason", "torch_state"]
+__all__ = ["TorchCase", "TorchState", "cuda_device_count", "no_device_reason", "no_torch_reason", "torch_state"]
 
 
 class TorchCase(Enum):
@@ -117,3 +117,11 @@ def no_device_reason() -> str:
     """Why there is no CUDA device to speak of, for "no CUDA device here (...)"."""
     state = torch_state()
     return state.reason or "torch sees no CUDA device"
+
+
+def no_torch_reason(to_do: str) -> str:
+    """Why torch cannot be used when it is not in ``sys.modules``: not installed here, or not imported yet
+    (then: import it in an earlier cell to ``to_do``, e.g. "trace this one")."""
+    if not _installed():
+        return "PyTorch is not installed in this Python environment"
+    return f"PyTorch is not imported (import torch in an earlier cell to {to_do})"

@@ -12,34 +12,20 @@ import io
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["CsvWriter", "JsonlWriter", "MetricsWriter", "TensorBoardWriter", "atomic_write_text"]
+from gpumem.core.files import write_file
+
+__all__ = ["CsvWriter", "JsonlWriter", "MetricsWriter", "TensorBoardWriter"]
 
 
 class MetricsWriter(Protocol):
     def write(self, step: int | None, metrics: Mapping[str, float]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and one rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        Path(temporary).replace(path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -54,7 +40,7 @@ def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
 
 def _append_line(path: Path, line: str) -> None:
     """One ``write`` of one whole line with O_APPEND: concurrent appenders never interleave within it."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask
     try:
         os.write(descriptor, line.encode("utf-8"))
     finally:
@@ -104,7 +90,7 @@ class CsvWriter:
             with self.path.open(encoding="utf-8", newline="") as file:
                 rows = list(csv.DictReader(file))
         text = self._line(columns) + "".join(self._line([old.get(name, "") for name in columns]) for old in rows)
-        atomic_write_text(self.path, text)
+        write_file(self.path, lambda handle: handle.write(text))
         self._columns = columns
 
     @staticmethod

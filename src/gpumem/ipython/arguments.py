@@ -7,9 +7,11 @@ meaningful everywhere else. Nothing here imports more than IPython's magic machi
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -26,6 +28,7 @@ __all__ = [
     "argument",
     "check_devices_exist",
     "complain",
+    "did_you_mean",
     "display",
     "line_cell_magic",
     "magic_arguments",
@@ -89,8 +92,31 @@ def _unquote(token: str) -> str:
 
 
 def parse_argstring(magic: Callable[..., Any], line: str) -> Any:
-    """Parse ``line`` with the parser ``@magic_arguments`` built on ``magic`` (bad input: UsageError)."""
-    return magic.parser.parse_args(split_arguments(line))  # type: ignore[attr-defined]
+    """Parse ``line`` with the parser ``@magic_arguments`` built on ``magic`` (bad input: UsageError,
+    with "did you mean --last?" when an unknown option is close to one of the magic's)."""
+    parser = magic.parser  # type: ignore[attr-defined]
+    tokens = split_arguments(line)
+    try:
+        return parser.parse_args(tokens)
+    except UsageError as error:
+        known = _OPTION.findall(parser.format_usage())
+        hints = [did_you_mean(token.split("=", 1)[0], known) for token in tokens if token.startswith("-")]
+        hint = next((hint for hint in hints if hint), "")
+        if not hint or "unrecognized arguments" not in str(error):
+            raise
+        raise UsageError(f"{error}; {hint}") from None
+
+
+_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"did you mean history?"`` when ``word`` is a likely typo of one of ``choices`` (else ``""``)."""
+    choices = list(dict.fromkeys(choices))
+    if word in choices:
+        return ""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"did you mean {close[0]}?" if close else ""
 
 
 # Option values ----------------------------------------------------------------------------------

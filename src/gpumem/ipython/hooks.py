@@ -35,6 +35,7 @@ class _Pending(NamedTuple):
     request: CellRequest | None
     trace: Any = None  # the --trace recorder, recording
     profile: Any = None  # the --profile profiler, recording
+    no_code: bool = False  # a %%gpumem cell with nothing but blank lines and comments below the header
 
 
 REPORTS_KEPT = 32  # the latest --trace and --profile reports, for %gpumem export
@@ -70,6 +71,8 @@ class CellHooks:
                 self._finish(pending, result)
             except (Exception, KeyboardInterrupt) as error:
                 complain("could not finish measuring this cell", error)
+        elif pending is not None and pending.no_code and pending.request is not None:
+            _say_nothing_measured(pending.request)
         if self.oom is not None:
             self.oom.post_run_cell(result)
 
@@ -99,8 +102,11 @@ class CellHooks:
                 body = header[1]
             except Exception:
                 request = None  # the %%gpumem magic itself reports the bad option, without running the body
-        if request is None and (not state.config.auto or self._own_command(raw)):
+        if request is None and (not state.config.auto or self._own_command(raw) or not has_code(raw)):
             self._stack.append(_Pending(info, None, None))
+            return
+        if request is not None and not has_code(body):
+            self._stack.append(_Pending(info, None, request, no_code=True))
             return
         options = request.options if request is not None else state.auto_options()
         count = int(state.shell.execution_count) - 1 if getattr(info, "store_history", False) else None
@@ -239,6 +245,9 @@ class CellHooks:
         """
         if self._adopt(request):
             return run()
+        if not has_code(body):
+            _say_nothing_measured(request)
+            return run()
         state = self.state
         try:
             cell = state.tracker.begin(
@@ -279,6 +288,17 @@ class CellHooks:
             self.show(record, request)
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not finish measuring this cell", failure)
+
+
+def has_code(source: str) -> bool:
+    """Whether a cell has a line of code: not only blank lines and comments (a cell that runs nothing
+    is not measured: its figures would be the sampler's noise, and its history row a blank)."""
+    return any(line.strip() and not line.lstrip().startswith("#") for line in source.splitlines())
+
+
+def _say_nothing_measured(request: CellRequest) -> None:
+    if not request.options.quiet:
+        print("%%gpumem: nothing measured (the cell has no code below the %%gpumem line)")
 
 
 def _extras_started(pending: _Pending, request: CellRequest) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from IPython.core.magic import Magics
 
-from gpumem.ipython.arguments import UsageError, line_cell_magic, magics_class
+from gpumem.ipython.arguments import UsageError, did_you_mean, line_cell_magic, magics_class
 from gpumem.ipython.cell_magic import HeaderTransformer, cell_usage, parse_cell_options, run_body
 from gpumem.ipython.hooks import CellHooks
 from gpumem.ipython.memory_magics import magic_free, magic_who
@@ -171,8 +171,10 @@ class GpuMemMagics(Magics):
             return None
         name = name or "monitor"
         if name not in SUBCOMMANDS:
+            hint = did_you_mean(name, SUBCOMMANDS)
             raise UsageError(
-                f"%gpumem: unknown subcommand {name!r}; use one of: {', '.join(sorted(SUBCOMMANDS))} (%gpumem?)"
+                f"%gpumem: unknown subcommand {name!r}{f' ({hint})' if hint else ''}; "
+                f"use one of: {', '.join(sorted(SUBCOMMANDS))} (%gpumem?)"
             )
         if _HELP_FLAGS.intersection(rest.split()):
             print(subcommand_help(name))

@@ -188,14 +188,14 @@ def magic_status(state: ExtensionState, line: str) -> None:
 
 
 def _now_lines(state: ExtensionState) -> list[str]:
-    """One snapshot through the monitor's reader: the figures now, a line per device and one for the host,
-    each labelled ``now`` (a terminal has no panel; these are its figures)."""
+    """One snapshot through the monitor's reader: the figures now (a terminal has no panel; these are its
+    figures), a row per device labelled with the device and one for the host labelled ``host RAM``."""
     try:
         snapshot = state.monitor.snapshot()
     except Exception as error:
-        return [f"  now      could not be read ({type(error).__name__}: {error})"]
+        return [f"  {'figures':<8} could not be read now ({type(error).__name__}: {error})"]
     devices = sorted({r.device for r in snapshot.allocator} | {r.device for r in snapshot.devices})
-    lines = []
+    rows = []
     for device in devices:
         figures = []
         allocator = snapshot.allocator_for(device)
@@ -207,12 +207,12 @@ def _now_lines(state: ExtensionState) -> list[str]:
             figures.append(
                 f"device used {format_bytes(whole.used_bytes)} of {format_bytes(whole.total_bytes)} (all processes)"
             )
-        lines.append(f"cuda:{device} " + ", ".join(figures))
+        rows.append((f"cuda:{device}", ", ".join(figures)))
     if not devices:
-        lines.append("no CUDA device in use")
+        rows.append(("cuda", "no CUDA device in use"))
     if snapshot.host is not None:
-        lines.append(f"host RSS {format_bytes(snapshot.host.rss_bytes)} (this process)")
-    return ["  now      " + text for text in lines]
+        rows.append(("host RAM", f"RSS {format_bytes(snapshot.host.rss_bytes)} (this process)"))
+    return [f"  {label:<8} {text}" for label, text in rows]
 
 
 def _standing_lines(state: ExtensionState) -> list[str]:

@@ -76,7 +76,7 @@ class HistoryTable:
             row.append(_marks(record))
             row.append(record.first_line)
             rows.append(row)
-        return header, rows
+        return _without_empty(header, rows, "by kind")
 
     def _empty_text(self) -> str:
         return f"None of the {self.total} measured cells shown." if self.total else "No measured cells yet."
@@ -90,7 +90,8 @@ class HistoryTable:
         parts += [f"<th>{e(name)}</th>" for name in header[:-1]]
         parts.append(f'<th class="src">{e(header[-1])}</th>')
         parts.append("</tr></thead><tbody>")
-        words = header.index("by kind")  # a phrase: it may wrap between words, as the first line may
+        # "by kind" is a phrase: it may wrap between words, as the first line may
+        words = header.index("by kind") if "by kind" in header else -1
         for row in rows:
             cells = [
                 f'<td class="words">{e(value)}</td>' if i == words else f"<td>{e(value)}</td>"
@@ -119,6 +120,15 @@ class HistoryTable:
         if self.total > len(self.records):
             lines.append(f"(last {len(self.records)} of {self.total} cells; --all shows every one)")
         return "\n".join(line.rstrip() for line in lines)
+
+
+def _without_empty(header: list[str], rows: list[list[str]], name: str) -> tuple[list[str], list[list[str]]]:
+    """The table without column ``name`` when no row has a value there ("by kind" where no cell's CUDA tensors
+    were sorted into kinds: no CUDA device in use, or holders not looked up)."""
+    index = header.index(name)
+    if any(row[index] for row in rows):
+        return header, rows
+    return header[:index] + header[index + 1 :], [row[:index] + row[index + 1 :] for row in rows]
 
 
 def _kinds_column(record: CellRecord) -> str:

@@ -14,7 +14,7 @@ from gpumem.core.devices import parse_device
 from gpumem.core.holders.attribution import attribute
 from gpumem.core.holders.graphs import GraphWalker, saved_by_graphs
 from gpumem.core.holders.hidden import hidden_references, ipython_names
-from gpumem.core.holders.hints import cycle_hint
+from gpumem.core.holders.hints import array_note, cycle_hint
 from gpumem.core.holders.kinds import kind_totals
 from gpumem.core.holders.model import (
     DEFAULT_MAX_DEPTH,
@@ -83,6 +83,7 @@ def find_holders(
             device=_device_label(devices),
             torch_loaded=False,
             cycles=cycle_report,
+            arrays=array_note(namespace) if names is None else "",
         )
     if shell is None:
         shell = _running_shell(namespace)
@@ -94,7 +95,10 @@ def find_holders(
         walker.truncation.extend(graph_notes)
         memory = _memory_readings(source, devices)
         rows = attribute(roots, walker.sizes, walker.incomplete, saved_per_root)
-    return _report(walker, rows, devices, memory, cycles=cycle_report, started=started)
+    report = _report(walker, rows, devices, memory, cycles=cycle_report, started=started)
+    # numpy arrays are host memory: named where the question is about host memory too.
+    wanted = devices.kind != "cuda" and names is None
+    return report._replace(arrays=array_note(namespace)) if wanted else report
 
 
 class _Memory(NamedTuple):

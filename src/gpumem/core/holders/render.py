@@ -49,6 +49,7 @@ class HolderReport(NamedTuple):
     remainder: Remainder | None = None
     device_splits: tuple[DeviceSplit, ...] = ()
     graph_saved_bytes: int = 0  # storages only autograd graphs keep, on the walked devices
+    arrays: str = ""  # the numpy arrays the namespace names (host memory that no row counts), when asked for
 
     def __repr__(self) -> str:
         """The table ``%gpumem who`` prints, so that ``gpumem.holders()`` reads well on its own."""
@@ -173,7 +174,7 @@ class _Columns(NamedTuple):
 def render_text(report: HolderReport, *, limit: int = 20) -> str:
     """A plain-text table for terminals and ``text/plain``."""
     if not report.torch_loaded:
-        return "gpumem who: " + report.unattributed
+        return "\n".join(["gpumem who: " + report.unattributed, *([report.arrays] if report.arrays else [])])
     columns = _Columns.fitting([*report.holders[:limit], *report.hidden])
     lines = [f"Tensor memory held by names ({report.device}), walked in {format_duration(report.elapsed_s)}"]
     if report.kinds:
@@ -199,6 +200,8 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
             lines.extend(columns.row_lines(row))
     lines.append(_allocated_line(report))
     lines.extend(_device_lines(report))
+    if report.arrays:
+        lines.append(report.arrays)
     if report.cycles is not None:
         lines.append(_cycles_text(report.cycles))
     if report.truncated:
@@ -268,7 +271,8 @@ def _kinds_html(report: HolderReport) -> list[str]:
 def render_html(report: HolderReport, *, limit: int = 20) -> str:
     """An HTML table for notebooks."""
     if not report.torch_loaded:
-        return f"<div class='gpumem-who'>{escape_html(report.unattributed)}</div>"
+        arrays = f"<div>{escape_html(report.arrays)}</div>" if report.arrays else ""
+        return f"<div class='gpumem-who'><div>{escape_html(report.unattributed)}</div>{arrays}</div>"
     parts = [
         "<div class='gpumem-who'>",
         f"<b>Tensor memory held by names ({escape_html(report.device)})</b>",
@@ -276,6 +280,7 @@ def render_html(report: HolderReport, *, limit: int = 20) -> str:
         *_table_html(report, limit),
         f"<div>{escape_html(_allocated_line(report))}</div>",
         *(f"<div>{escape_html(line)}</div>" for line in _device_lines(report)),
+        *([f"<div>{escape_html(report.arrays)}</div>"] if report.arrays else []),
     ]
     if report.cycles is not None:
         parts.append(f"<div>{escape_html(_cycles_text(report.cycles))}</div>")

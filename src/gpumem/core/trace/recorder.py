@@ -19,18 +19,18 @@ heap again and again while torch builds it.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpumem.core.collector import collector_paused
+from gpumem.core.files import write_file
+from gpumem.core.torch_state import no_torch_reason
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "SKIPPED_ACTIONS", "CellSnapshot", "TraceRecorder", "save_snapshot"]
 
@@ -65,7 +65,7 @@ def _memory_api() -> tuple[_Memory | None, str | None]:
     """PyTorch's memory-history calls, or why the cell cannot be traced."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return None, "PyTorch is not imported (import torch in an earlier cell to trace this one)"
+        return None, no_torch_reason("trace this one")
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     record = getattr(memory, "_record_memory_history", None)
     snapshot = getattr(memory, "_snapshot", None)
@@ -198,16 +198,5 @@ def _find(entries: list[dict[str, Any]], marker: tuple[Any, ...]) -> int:
 def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Pickle ``snapshot`` to ``path`` as ``torch.cuda.memory._dump_snapshot`` does, atomically."""
     target = Path(path).expanduser()
-    directory = target.parent
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            pickle.dump(snapshot, file)
-            file.flush()
-            os.fsync(file.fileno())
-        Path(temporary).replace(target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            Path(temporary).unlink()
-        raise
+    write_file(target, lambda handle: pickle.dump(snapshot, handle), binary=True)
     return target
