@@ -70,6 +70,9 @@ def execute(notebook: Path, export: Path, cell_timeout: int, executed: Path) -> 
 
     document = nbformat.read(notebook, as_version=4)
     os.environ["GPUMEM_SESSION_EXPORT"] = str(export)  # the kernel inherits it; the last cell exports there
+    # The kernel runs in the export's folder: a relative PYTHONPATH (.site:src) would name nothing there.
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join(str(Path(entry).resolve()) for entry in entries if entry)
     client = NotebookClient(
         document,
         timeout=cell_timeout,
