@@ -102,9 +102,8 @@ soak: install
 
 # Only this target sets GPUMEM_SCREENSHOTS, so an ordinary test run never rewrites the tracked pictures;
 # TZ=UTC: the recorded times on the axes read the same on every machine.
-# panel_inline and cell_report come from the GPU session recorded on an H200 (docs/sessions/h200-training.json,
-# made by benchmarks/record_session.py) shown by %gpumem load, with no GPU here; who and panel_sidebar from
-# this machine's live kernel.
+# panel_inline, cell_report and who come from the GPU session recorded on an H200 (docs/sessions/, made by
+# benchmarks/record_session.py), shown by %gpumem load with no GPU here; panel_sidebar from a live kernel here.
 SCREENSHOT_TESTS := tests/e2e/test_panel_browser.py::test_readme_pictures_from_the_recorded_gpu_session \
 	tests/e2e/test_panel_browser.py::test_wide_notebook_panel_fits_and_readme_pictures \
 	tests/e2e/test_sidebar_browser.py::test_lab_magic_sidebar_and_reload

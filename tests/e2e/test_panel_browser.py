@@ -420,7 +420,7 @@ def test_wide_notebook_panel_fits_and_readme_pictures(jupyter_server: JupyterSer
     wait_for_output(report, "weights")
     who = run_cell(page, "%gpumem who -d cpu")
     wait_for_output(who, "weights")
-    readme_screenshot(who, "who")
+    save_screenshot(page, "who_live")  # the README's who.png is the recorded GPU session's (the test below)
     _full_scale_and_host_rss(page)
 
 
@@ -460,6 +460,7 @@ def _full_scale_and_host_rss(page: Page) -> None:
 # The README's pictures of a GPU at work: a session recorded on an H200 (benchmarks/record_session.py runs
 # notebooks/gpu_session.ipynb there), kept in the repository and shown by %gpumem load without a GPU.
 RECORDED_SESSION = Path(__file__).resolve().parents[2] / "docs" / "sessions" / "h200-training.json"
+RECORDED_NOTEBOOK = RECORDED_SESSION.with_name("h200-training.executed.ipynb")
 LOADED_PANEL = ".gpumem-loaded"
 # The single-device colours of panel/curves.py: allocated, reserved, device used (all processes).
 CUDA_STROKES = {"allocated": "rgb(37, 99, 235)", "reserved": "rgb(127, 176, 245)", "device used": "rgb(107, 114, 128)"}
@@ -482,7 +483,7 @@ def _line_extent(points: list[tuple[float, float]]) -> float:
 def test_readme_pictures_from_the_recorded_gpu_session(jupyter_server: JupyterServer, browser_page: Page) -> None:
     """%gpumem load of the committed GPU session draws cuda:0's allocated, reserved and device-used curves
     (not host RSS), moving, with the recorded cell marks; the README's pictures of the panel and of a cell's
-    report are taken from it."""
+    report are taken from it, and the one of %gpumem who from the notebook that recorded it."""
     from gpumem.core.session_io import read_session
     from gpumem.core.units import format_delta
     from gpumem.panel.curves import MAX_CELL_MARKS, _mark_label
@@ -524,6 +525,25 @@ def test_readme_pictures_from_the_recorded_gpu_session(jupyter_server: JupyterSe
     assert "peak above start" in text, text
     assert format_delta(change.peak_above_start_bytes) in text, text  # the exact peak, not a sampled bound
     readme_screenshot(report, "cell_report")
+    _recorded_who_picture(jupyter_server, page)
+
+
+def _recorded_who_picture(server: JupyterServer, page: Page) -> None:
+    """who.png: the recorded notebook's own %gpumem who cell, as it ran on the GPU (signed, so its HTML
+    is shown as the kernel sent it), naming the leak: the list whose autograd graphs keep 4.4 GiB."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notebook = nbformat.read(RECORDED_NOTEBOOK, as_version=4)
+    NotebookNotary(data_dir=str(server.env.data_dir)).sign(notebook)  # the server's own trust database
+    nbformat.write(notebook, server.root_dir / RECORDED_NOTEBOOK.name)
+    open_notebook(page, server, RECORDED_NOTEBOOK.name)
+    cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea", has_text="%gpumem who")).first
+    cell.scroll_into_view_if_needed()
+    text = wait_for_output(cell, "Tensor memory held by names (cuda)")
+    assert "predictions" in text and "saved by its autograd graphs" in text, text
+    assert cell.locator(".jp-RenderedHTMLCommon table").count() >= 2, "the report's HTML was not rendered"
+    readme_screenshot(cell, "who")
 
 
 def _assert_cuda_curves(page: Page, selector: str) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from _harness import gpumem_loaded
 from gpumem.core.readings import DeviceInfo
 from gpumem.core.session_io import SessionData, capture_session, read_session, write_session
 from gpumem.core.timeline import Timeline
@@ -106,3 +108,11 @@ def test_unload_closes_every_loaded_panel(tmp_path: Path) -> None:
     panels = [LoadedPanel(_recorded(tmp_path), "run.json") for _ in range(2)]
     close_loaded()
     assert all(panel.comm is None for panel in panels)
+
+
+def test_unloading_the_extension_closes_loaded_panels(ip: Any, tmp_path: Path) -> None:
+    with gpumem_loaded(ip, FakeSource()):
+        panel = LoadedPanel(_recorded(tmp_path), "run.json")
+        assert ip.run_cell("%unload_ext gpumem").success
+        assert panel.comm is None
+        assert ip.run_cell("%load_ext gpumem").success  # loaded again for the fixture's own unload
