@@ -516,6 +516,7 @@ def test_readme_pictures_from_the_recorded_gpu_session(jupyter_server: JupyterSe
     shown = {label.strip() for label in fits["labels"]}
     assert shown <= recorded, f"marks not in the recording: {shown - recorded}"
     readme_screenshot(cell.locator(".jp-OutputArea-output").first, "panel_inline")
+    save_screenshot(page, "recorded_session_loaded")  # the whole output, for review
 
     record, change = _transient_change(data)
     report = cell.locator(f".gpumem-cell-report[data-cell='{record.execution_count}']")
