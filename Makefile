@@ -5,6 +5,7 @@
 #   make demo   start JupyterLab on 127.0.0.1 with a copy of notebooks/demo.ipynb (in .gpumem-demo/, ignored)
 #   make soak   the long reliability tests (1,000 cells under free(), a simulated 24 h session); minutes
 #   make screenshots   the README's pictures (docs/images/*.png), taken by the browser tests in a real JupyterLab
+#                      from the recorded GPU session in docs/sessions/
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -99,12 +100,16 @@ soak: install
 	GPUMEM_SOAK=1 GPUMEM_TEST_ARTIFACTS=$(abspath $(ARTIFACTS)) $(PY) -m pytest -m soak -s \
 	  --junitxml=$(ARTIFACTS)/soak-junit.xml tests/reliability $(PYTEST_ARGS)
 
-# Only this target sets GPUMEM_SCREENSHOTS, so an ordinary test run never rewrites the tracked pictures.
-SCREENSHOT_TESTS := tests/e2e/test_panel_browser.py::test_wide_notebook_panel_fits_and_readme_pictures \
+# Only this target sets GPUMEM_SCREENSHOTS, so an ordinary test run never rewrites the tracked pictures;
+# TZ=UTC: the recorded times on the axes read the same on every machine.
+# panel_inline, cell_report and who come from the GPU session recorded on an H200 (docs/sessions/, made by
+# benchmarks/record_session.py), shown by %gpumem load with no GPU here; panel_sidebar from a live kernel here.
+SCREENSHOT_TESTS := tests/e2e/test_panel_browser.py::test_readme_pictures_from_the_recorded_gpu_session \
+	tests/e2e/test_panel_browser.py::test_wide_notebook_panel_fits_and_readme_pictures \
 	tests/e2e/test_sidebar_browser.py::test_lab_magic_sidebar_and_reload
 screenshots: install chromium
 	@mkdir -p $(ARTIFACTS) docs/images
-	GPUMEM_SCREENSHOTS=$(abspath docs/images) GPUMEM_TEST_ARTIFACTS=$(abspath $(ARTIFACTS)) \
+	TZ=UTC GPUMEM_SCREENSHOTS=$(abspath docs/images) GPUMEM_TEST_ARTIFACTS=$(abspath $(ARTIFACTS)) \
 	  $(PY) -m pytest $(SCREENSHOT_TESTS) $(PYTEST_ARGS)
 
 clean:

@@ -3,6 +3,7 @@ stretches as their buckets' extremes, a damaged or foreign file refused with whe
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import sys
@@ -15,6 +16,7 @@ import pytest
 from gpumem.core.cells.history import write_json
 from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
 from gpumem.core.files import ForeignFileError
+from gpumem.core.readings import DeviceInfo
 from gpumem.core.session_io import (
     ParquetUnavailableError,
     SavedReport,
@@ -29,6 +31,7 @@ from gpumem.core.session_io import (
 )
 from gpumem.core.session_view import LoadedSession
 from gpumem.core.timeline import Level, Timeline
+from gpumem.testing import GIB, FakeSource
 
 M = 1 << 20
 
@@ -398,3 +401,59 @@ def test_without_pyarrow_a_parquet_export_says_what_to_install(tmp_path: Path, m
         assert (
             str(error.value) == "a Parquet export; install pyarrow to read it (pip install 'jupyter-gpumem[parquet]')"
         )
+
+
+def test_the_figures_and_devices_at_export_come_back(tmp_path: Path) -> None:
+    """The header of a loaded panel: the snapshot read at export and each device's name and capacity, exactly;
+    the card's UUID and PCI bus id are not written."""
+    source = FakeSource(devices=1, total_bytes=140 * GIB)
+    handle = source.allocate(3 * GIB)
+    source.free(handle)
+    source.allocate(GIB)
+    snapshot = source.snapshot()
+    info = DeviceInfo(0, 0, "NVIDIA H200", "GPU-1234", "00000000:19:00.0", 140 * GIB)
+    target = tmp_path / "session.json"
+    write_session(capture_session(_timeline(), [], snapshot=snapshot, devices=[info]), target)
+    assert "GPU-1234" not in target.read_text() and "00000000:19" not in target.read_text()
+    loaded = read_session(target)
+    assert loaded.snapshot == snapshot
+    assert loaded.devices == [info._replace(uuid="", pci_bus_id="")]
+    older = json.loads(target.read_text())
+    del older["machine"]  # exports made before the figures were kept still load
+    target.write_text(json.dumps(older))
+    assert read_session(target).snapshot is None
+    assert read_session(target).devices == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: m["snapshot"]["allocator"][0].update(allocated_bytes=None), "allocated_bytes is null"),
+        (lambda m: m["snapshot"]["allocator"][0].pop("reserved_bytes"), "KeyError: 'reserved_bytes'"),
+        (lambda m: m["devices"][0].update(total_bytes="lots"), "ValueError"),
+        (lambda m: m.update(devices=3), "machine devices: expected a list"),
+    ],
+)
+def test_damaged_figures_at_export_are_refused_saying_where(tmp_path: Path, change: Any, message: str) -> None:
+    source = FakeSource(devices=1)
+    info = DeviceInfo(0, 0, "GPU", "", "", 80 * GIB)
+    document = session_to_json(capture_session(_timeline(), [], snapshot=source.snapshot(), devices=[info]))
+    change(document["machine"])
+    target = tmp_path / "session.json"
+    target.write_text(json.dumps(document))
+    with pytest.raises(SessionFormatError, match="machine") as refused:
+        read_session(target)
+    assert message in str(refused.value)
+
+
+def test_the_loaded_view_folds_each_cells_report_and_leaves_the_curves_to_the_panel() -> None:
+    from gpumem.core.cells.report import CellReport, CellSummary
+
+    data = capture_session(_timeline(), [_record(1), _record(2, quiet=True)])
+    page = LoadedSession(data, "run.json", curves=False)._repr_html_()
+    assert "<svg" not in page  # a notebook draws them in the read-only panel
+    assert page.count("<details class='gpumem-cell-report'") == 2
+    for record in data.cells:
+        assert CellReport(record)._repr_html_() in page
+        assert f"data-cell='{record.execution_count}'><summary>" in page
+    assert html.escape(repr(CellSummary(data.cells[0]))) in page

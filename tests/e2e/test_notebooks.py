@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,37 @@ def test_gpu_tour_finds_each_leak(tmp_path: Path, jupyter_env: JupyterEnv) -> No
     # The tour leaves the GPU as it found it: nothing allocated (workspaces released too).
     (end,) = _END.findall(notebook_text(nb))
     assert int(end.replace(",", "")) <= MIB, end
+
+
+RECORD_SESSION = Path(__file__).resolve().parents[2] / "benchmarks" / "record_session.py"
+
+
+@pytest.mark.kernel
+def test_the_session_recording_runs_and_exports(tmp_path: Path, jupyter_env: JupyterEnv) -> None:
+    """benchmarks/record_session.py (what made docs/sessions/h200-training.json) runs notebooks/gpu_session.ipynb
+    in a real kernel and exports it: here with host memory only; on a GPU with cuda:0's curves, the leak named
+    by %gpumem who and the out-of-memory error explained."""
+    import nbformat
+
+    from gpumem.core.session_io import read_session
+
+    done = subprocess.run(
+        [sys.executable, str(RECORD_SESSION), "--out", str(tmp_path), "--name", "session.json"],
+        env=jupyter_env.env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = read_session(tmp_path / "session.json")
+    assert len(data.cells) >= 7
+    assert any(mark.label.startswith("free") for mark in data.marks)
+    nb = nbformat.read(tmp_path / "gpu_session.executed.ipynb", as_version=4)
+    (artifacts_path() / "gpu_session_outputs.txt").write_text(notebook_text(nb), encoding="utf-8")
+    assert _errors(nb) == []  # the out-of-memory cell is tagged raises-exception: it must raise
+    failed = [cell for cell in nb.cells if "raises-exception" in cell.get("metadata", {}).get("tags", [])]
+    assert [out.get("output_type") for out in failed[0].outputs].count("error") == 1
+    if not cuda_status()["available"]:
+        assert "host/rss" in data.timeline.values
+        return
+    assert {"cuda:0/allocated", "cuda:0/reserved", "cuda:0/used"} <= set(data.timeline.values)
+    who = next(cell for cell in nb.cells if cell.source.strip() == "%gpumem who")
+    assert "predictions" in notebook_text_of(who) and "saved by its autograd graphs" in notebook_text_of(who)
+    assert "CUDA out of memory on cuda:0" in notebook_text_of(failed[0])

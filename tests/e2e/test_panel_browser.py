@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -403,7 +404,7 @@ def test_wide_notebook_panel_fits_and_readme_pictures(jupyter_server: JupyterSer
     open_notebook(page, jupyter_server, "wide.ipynb")
     run_cell(page, "%load_ext gpumem")
     run_cell(page, "import numpy as np, torch")
-    panel_cell = run_cell(page, "%gpumem monitor --window 1min")
+    run_cell(page, "%gpumem monitor --window 1min")
     page.locator(PANEL).first.wait_for(state="visible")
     _wait_for(lambda: len(_host_line(page)) >= 4, 30, "the host RSS curve", page)
     run_cell(page, "%gpumem auto on")
@@ -412,14 +413,14 @@ def test_wide_notebook_panel_fits_and_readme_pictures(jupyter_server: JupyterSer
     page.wait_for_timeout(1500)  # one more push after the last cell
     fits = assert_fits(page, PANEL, "inline at 1600 px")
     assert len(fits["labels"]) >= 3, fits
-    readme_screenshot(panel_cell.locator(".jp-OutputArea-output").first, "panel_inline")
+    # The README's panel and cell-report pictures come from the recorded GPU session (the test below).
+    save_screenshot(page, "panel_inline_live")
 
     report = run_cell(page, "%%gpumem\nweights = torch.ones(64, 1 << 20)\nscratch = torch.zeros(32, 1 << 20)")
     wait_for_output(report, "weights")
-    readme_screenshot(report, "cell_report")
     who = run_cell(page, "%gpumem who -d cpu")
     wait_for_output(who, "weights")
-    readme_screenshot(who, "who")
+    save_screenshot(page, "who_live")  # the README's who.png is the recorded GPU session's (the test below)
     _full_scale_and_host_rss(page)
 
 
@@ -454,3 +455,107 @@ def _full_scale_and_host_rss(page: Page) -> None:
     host = page.locator(f"{PANEL} .widget-checkbox", has_text="host RSS").first.locator("input")
     assert host.is_checked() and host.is_disabled(), "without a GPU the host box must say the curve is what is shown"
     assert _host_line(page), "the host RSS curve is not drawn"
+
+
+# The README's pictures of a GPU at work: a session recorded on an H200 (benchmarks/record_session.py runs
+# notebooks/gpu_session.ipynb there), kept in the repository and shown by %gpumem load without a GPU.
+RECORDED_SESSION = Path(__file__).resolve().parents[2] / "docs" / "sessions" / "h200-training.json"
+RECORDED_NOTEBOOK = RECORDED_SESSION.with_name("h200-training.executed.ipynb")
+LOADED_PANEL = ".gpumem-loaded"
+# The single-device colours of panel/curves.py: allocated, reserved, device used (all processes).
+CUDA_STROKES = {"allocated": "rgb(37, 99, 235)", "reserved": "rgb(127, 176, 245)", "device used": "rgb(107, 114, 128)"}
+
+
+def _transient_change(data: Any) -> Any:
+    """The recorded cell, and its device change, whose exact peak rose furthest above both its start and its end."""
+    changes = [(record, c) for record in data.cells for c in record.devices if c.peak_exact]
+    return max(
+        changes,
+        key=lambda rc: rc[1].peak_allocated_bytes - max(rc[1].allocated_before_bytes, rc[1].allocated_after_bytes),
+    )
+
+
+def _line_extent(points: list[tuple[float, float]]) -> float:
+    ys = [y for _x, y in points]
+    return max(ys) - min(ys) if ys else 0.0
+
+
+def test_readme_pictures_from_the_recorded_gpu_session(jupyter_server: JupyterServer, browser_page: Page) -> None:
+    """%gpumem load of the committed GPU session draws cuda:0's allocated, reserved and device-used curves
+    (not host RSS), moving, with the recorded cell marks; the README's pictures of the panel and of a cell's
+    report are taken from it, and the one of %gpumem who from the notebook that recorded it."""
+    from gpumem.core.session_io import read_session
+    from gpumem.core.units import format_delta
+    from gpumem.panel.curves import MAX_CELL_MARKS, _mark_label
+
+    assert RECORDED_SESSION.exists(), (
+        f"{RECORDED_SESSION} is missing: record it on a GPU machine with benchmarks/record_session.py (its docstring)"
+    )
+    data = read_session(RECORDED_SESSION)
+    assert {"cuda:0/allocated", "cuda:0/reserved", "cuda:0/used"} <= set(data.timeline.values), (
+        f"{RECORDED_SESSION.name} is not a GPU session: {sorted(data.timeline.values)}"
+    )
+    page = browser_page
+    page.set_viewport_size(WIDE_VIEWPORT)
+    jupyter_server.copy_in(RECORDED_SESSION)
+    jupyter_server.make_notebook("recorded.ipynb", [""])
+    open_notebook(page, jupyter_server, "recorded.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    cell = run_cell(page, f"%gpumem load {RECORDED_SESSION.name}")
+    page.locator(LOADED_PANEL).first.wait_for(state="visible")
+
+    _assert_cuda_curves(page, LOADED_PANEL)
+    panel = page.locator(LOADED_PANEL).first
+    header, legend = panel.locator(".gm-title").first.inner_text(), panel.locator(".gm-legend").inner_text()
+    assert header.startswith("cuda:0"), header
+    for label in ("allocated", "reserved", "device used (all processes)"):
+        assert label in legend, legend
+    recorded = {_mark_label(mark.label) for mark in data.marks[-MAX_CELL_MARKS:]}
+    fits = assert_fits(page, LOADED_PANEL, "the recorded session at 1600 px")
+    assert len(fits["labels"]) >= 3, fits
+    shown = {label.strip() for label in fits["labels"]}
+    assert shown <= recorded, f"marks not in the recording: {shown - recorded}"
+    readme_screenshot(cell.locator(".jp-OutputArea-output").first, "panel_inline")
+    save_screenshot(page, "recorded_session_loaded")  # the whole output, for review
+
+    record, change = _transient_change(data)
+    report = cell.locator(f".gpumem-cell-report[data-cell='{record.execution_count}']")
+    report.locator("summary").click()
+    report.locator(".gpumem-report").first.wait_for(state="visible")
+    text = report.inner_text()
+    assert "peak above start" in text, text
+    assert format_delta(change.peak_above_start_bytes) in text, text  # the exact peak, not a sampled bound
+    readme_screenshot(report, "cell_report")
+    _recorded_who_picture(jupyter_server, page)
+
+
+def _recorded_who_picture(server: JupyterServer, page: Page) -> None:
+    """who.png: the recorded notebook's own %gpumem who cell, as it ran on the GPU (signed, so its HTML
+    is shown as the kernel sent it), naming the leak: the list whose autograd graphs keep 4.4 GiB."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    notebook = nbformat.read(RECORDED_NOTEBOOK, as_version=4)
+    NotebookNotary(data_dir=str(server.env.data_dir)).sign(notebook)  # the server's own trust database
+    nbformat.write(notebook, server.root_dir / RECORDED_NOTEBOOK.name)
+    open_notebook(page, server, RECORDED_NOTEBOOK.name)
+    cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea", has_text="%gpumem who")).first
+    cell.scroll_into_view_if_needed()
+    text = wait_for_output(cell, "Tensor memory held by names (cuda)")
+    assert "predictions" in text and "saved by its autograd graphs" in text, text
+    assert cell.locator(".jp-RenderedHTMLCommon table").count() >= 2, "the report's HTML was not rendered"
+    readme_screenshot(cell, "who")
+
+
+def _assert_cuda_curves(page: Page, selector: str) -> None:
+    """cuda:0's allocated, reserved and device-used curves in the panel at ``selector``, none flat; no host RSS."""
+
+    def cuda_lines() -> dict[str, list[tuple[float, float]]]:
+        lines = {line["stroke"]: _points(line["d"]) for line in page.evaluate(_LINES_JS, selector) if line["d"]}
+        return {name: lines.get(stroke, []) for name, stroke in CUDA_STROKES.items()}
+
+    lines = _wait_for(lambda: all(cuda_lines().values()) and cuda_lines(), 30, "the recorded CUDA curves", page)
+    assert not any(line["stroke"] == HOST_GREEN for line in page.evaluate(_LINES_JS, selector)), "host RSS drawn"
+    for name, points in lines.items():
+        assert len(points) > 10, f"{name}: {len(points)} points"
+        assert _line_extent(points) > 30, f"the {name} curve is flat: {_line_extent(points):.1f} px tall"

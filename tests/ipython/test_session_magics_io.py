@@ -271,3 +271,19 @@ def test_without_pyarrow_loading_parquet_says_what_to_install(
         f"{target}: a Parquet export; install pyarrow to read it (pip install 'jupyter-gpumem[parquet]')",
     )
     _one_line_error(shell, f"%gpumem export {tmp_path / 'run.json'} --parquet", "--parquet needs pyarrow")
+
+
+def test_export_keeps_the_figures_and_devices_a_loaded_header_shows(
+    shell: Any, fake: StatsSource, tmp_path: Path
+) -> None:
+    assert run_cell_capture(shell, "h = src.allocate(64 * MIB)")[0].success
+    target = tmp_path / "run.json"
+    assert run_cell_capture(shell, f"%gpumem export {target}")[0].success
+    loaded = read_session(target)
+    assert loaded.snapshot is not None
+    reading = loaded.snapshot.allocator_for(0)
+    assert reading is not None
+    assert reading.allocated_bytes == fake.snapshot().allocator[0].allocated_bytes >= 64 * MIB
+    info = fake.device_info(0)
+    assert info is not None
+    assert loaded.devices == [info._replace(uuid="", pci_bus_id="")]

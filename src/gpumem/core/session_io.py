@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from gpumem.core.cells.record import (
     VariableChange,
 )
 from gpumem.core.files import replace_file
+from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.session_parquet import (
     ParquetExportError,
     parquet_stem,
@@ -106,6 +108,8 @@ class SessionData:
     # What ``python -m gpumem run`` measured of its script (script, argv, exit_code, started_wall_s,
     # duration_s, figures: the report's rows, peak_times_s, samples); None for a notebook's session.
     run: dict[str, Any] | None = None
+    snapshot: Snapshot | None = None  # every figure read when it was exported; None in older exports
+    devices: list[DeviceInfo] = field(default_factory=list)  # name and capacity of each device in use
 
     def restore_timeline(self) -> Timeline | None:
         """The exported timeline store rebuilt, every level as it was (None: the export has none)."""
@@ -113,15 +117,25 @@ class SessionData:
 
 
 def capture_session(
-    timeline: Timeline, cells: Sequence[CellRecord], reports: Sequence[SavedReport] = ()
+    timeline: Timeline,
+    cells: Sequence[CellRecord],
+    reports: Sequence[SavedReport] = (),
+    snapshot: Snapshot | None = None,
+    devices: Sequence[DeviceInfo] = (),
 ) -> SessionData:
-    """The session as it is now (the timeline read through its public window())."""
+    """The session as it is now (the timeline read through its public window()), with the figures and
+    device descriptions read at export (the header of a loaded panel). A device's UUID and PCI bus id
+    are left out: a shared export names the GPU model, not the machine's card."""
     store = timeline.store_state()
     series = Timeline.from_state(store).window(max_points=sys.maxsize)  # the same instant as the store
     now_wall, now_monotonic = time.time(), time.monotonic()
     offset = now_wall - now_monotonic
     marks = [Mark(time_s, label) for time_s, label in store["marks"]]
-    return SessionData(series, marks, list(cells), offset, now_wall, reports=list(reports), store=store)
+    described = [info._replace(uuid="", pci_bus_id="") for info in devices]
+    return SessionData(
+        series, marks, list(cells), offset, now_wall, reports=list(reports), store=store, snapshot=snapshot,
+        devices=described,
+    )  # fmt: skip
 
 
 # Writing ----------------------------------------------------------------------------------------
@@ -150,7 +164,61 @@ def session_to_json(data: SessionData) -> dict[str, Any]:
         "reports": [report._asdict() for report in data.reports],
         "store": None if data.store is None else _store_to_json(data.store),
         "run": data.run,
+        "machine": _machine_to_json(data.snapshot, data.devices),
     }
+
+
+def _machine_to_json(snapshot: Snapshot | None, devices: Sequence[DeviceInfo]) -> dict[str, Any]:
+    """The figures at export and the devices' descriptions, as plain objects."""
+    figures = None
+    if snapshot is not None:
+        host = snapshot.host
+        figures = {
+            "monotonic_s": snapshot.monotonic_s,
+            "wall_time_s": snapshot.wall_time_s,
+            "allocator": [reading._asdict() for reading in snapshot.allocator],
+            "devices": [reading._asdict() for reading in snapshot.devices],
+            "host": None if host is None else host._asdict(),
+        }
+    return {"snapshot": figures, "devices": [info._asdict() for info in devices]}
+
+
+def _machine_from_json(value: Any) -> tuple[Snapshot | None, list[DeviceInfo]]:
+    """What :func:`_machine_to_json` wrote (absent in older exports); every field checked by its type."""
+    if value is None:
+        return None, []
+    try:
+        devices = [DeviceInfo(**_typed(DeviceInfo, item)) for item in _list(value["devices"], "machine devices")]
+        figures = value["snapshot"]
+        if figures is None:
+            return None, devices
+        host = figures["host"]
+        snapshot = Snapshot(
+            monotonic_s=float(figures["monotonic_s"]),
+            wall_time_s=float(figures["wall_time_s"]),
+            allocator=tuple(AllocatorReading(**_typed(AllocatorReading, r)) for r in figures["allocator"]),
+            devices=tuple(DeviceReading(**_typed(DeviceReading, r)) for r in figures["devices"]),
+            host=None if host is None else HostReading(**_typed(HostReading, host)),
+        )
+    except (TypeError, KeyError, ValueError) as error:
+        raise SessionFormatError(f"machine: {type(error).__name__}: {error}") from None
+    return snapshot, devices
+
+
+def _typed(cls: Any, item: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``cls`` from ``item``, each converted to its declared type (int, float, str; None kept)."""
+    fields = _fields(cls, item)
+    missing = [name for name in cls._fields if name not in fields]
+    if missing:
+        raise KeyError(", ".join(missing))
+    typed = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        kinds = [kind for kind in typing.get_args(hint) or (hint,) if kind is not type(None)]
+        value = fields[name]
+        if value is None and len(kinds) == len(typing.get_args(hint) or (hint,)):
+            raise ValueError(f"{name} is null")
+        typed[name] = None if value is None else kinds[0](value)
+    return typed
 
 
 def _store_to_json(store: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,6 +344,7 @@ def _session_from_document(document: Any) -> SessionData:
         raise SessionFormatError(f"not a gpumem export (no {JSON_MARKER!r} key)")
     if version != JSON_VERSION:
         raise SessionFormatError(f"a gpumem export of version {version!r}; this gpumem reads version {JSON_VERSION}")
+    snapshot, devices = _machine_from_json(document.get("machine"))
     return SessionData(
         timeline=_series(document.get("timeline")),
         marks=_marks(document.get("marks")),
@@ -285,6 +354,8 @@ def _session_from_document(document: Any) -> SessionData:
         reports=_reports(document.get("reports", [])),
         store=_store_from_json(document.get("store")),
         run=_run(document.get("run")),
+        snapshot=snapshot,
+        devices=devices,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpumem.core.cells.formatting import STYLE, format_duration
 from gpumem.core.cells.history import HistoryTable
+from gpumem.core.cells.report import CellReport, CellSummary
 from gpumem.core.session_io import SavedReport, SessionData
 from gpumem.core.timeline import Mark, decimate_min_max
 from gpumem.core.units import format_bytes
@@ -28,11 +29,15 @@ _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#
 
 
 class LoadedSession:
-    """What ``%gpumem load`` shows; :attr:`data` holds every sample, mark and cell as exported."""
+    """What ``%gpumem load`` shows; :attr:`data` holds every sample, mark and cell as exported.
 
-    def __init__(self, data: SessionData, source: str) -> None:
+    ``curves=False`` leaves the curves out of the HTML (a notebook shows them in the read-only panel).
+    """
+
+    def __init__(self, data: SessionData, source: str, *, curves: bool = True) -> None:
         self.data = data
         self.source = source
+        self.curves = curves
 
     def _title(self) -> str:
         exported = self.data.exported_wall_s
@@ -85,15 +90,25 @@ class LoadedSession:
         shown = [*self.run_lines(), *self.channel_lines(), *self.data.notes]
         lines = "".join(f"<div>{html.escape(line)}</div>" for line in shown)
         table = HistoryTable(self.data.cells)._repr_html_()
+        curves = curves_svg(self.data.timeline.times, self.data.timeline.values, self.data.marks) if self.curves else ""
         return (
-            f"{STYLE}<div class='gpumem-report'><b>{html.escape(self._title())}</b>{lines}"
-            f"{curves_svg(self.data.timeline.times, self.data.timeline.values, self.data.marks)}</div>{table}"
+            f"{STYLE}<div class='gpumem-report'><b>{html.escape(self._title())}</b>{lines}{curves}</div>{table}"
+            + self._cell_reports_html()
             + "".join(
                 f"<details><summary>{html.escape(_report_title(report))}</summary><pre>{html.escape(report.text)}</pre>"
                 "</details>"
                 for report in self.data.reports
             )
         )
+
+    def _cell_reports_html(self) -> str:
+        """Each cell's report as it was shown under the cell, folded under its one-line summary."""
+        parts = [
+            f"<details class='gpumem-cell-report' data-cell='{record.execution_count}'>"
+            f"<summary>{html.escape(repr(CellSummary(record)))}</summary>{CellReport(record)._repr_html_()}</details>"
+            for record in self.data.cells
+        ]
+        return f"<div class='gpumem-cell-reports'>{''.join(parts)}</div>" if parts else ""
 
 
 def _level_line(level: dict[str, Any]) -> str:

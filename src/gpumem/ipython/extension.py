@@ -107,6 +107,10 @@ def unload(shell: Any) -> None:
         from gpumem.ipython.panel_magics import forget_shown
 
         forget_shown()
+    if "gpumem.panel.loaded" in sys.modules:  # %gpumem load showed a recorded session's panel
+        from gpumem.panel.loaded import close_loaded
+
+        _attempt(_Step(_PANEL_FEATURE, close_loaded))
     for event, hook in (("pre_run_cell", loaded.hooks.pre_run_cell), ("post_run_cell", loaded.hooks.post_run_cell)):
         with contextlib.suppress(ValueError):
             shell.events.unregister(event, hook)

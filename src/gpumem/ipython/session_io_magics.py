@@ -6,11 +6,14 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gpumem.core.files import ForeignFileError
+from gpumem.core.readings import DeviceInfo, Snapshot
 from gpumem.core.session_io import (
     PARQUET_INSTALL,
     SavedReport,
+    SessionData,
     SessionFormatError,
     capture_session,
     read_session,
@@ -95,7 +98,7 @@ def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport
     args = parse_argstring(magic_export, line)
     target = parse_path("path", args.path)
     assert target is not None
-    data = capture_session(state.monitor.timeline, state.tracker.history, reports)
+    data = capture_session(state.monitor.timeline, state.tracker.history, reports, *_machine(state))
     if args.parquet and importlib.util.find_spec("pyarrow") is None:  # checked before anything is written
         raise UsageError(f"--parquet needs pyarrow: {PARQUET_INSTALL}")
     what = f"{len(data.timeline.times):,} points, {len(data.marks):,} marks, {len(data.cells):,} cells"
@@ -117,11 +120,11 @@ def magic_export(state: ExtensionState, line: str, reports: Sequence[SavedReport
     "or one by %%gpumem history --json (cells only)",
 )
 def magic_load(state: ExtensionState, line: str) -> None:
-    """Show an exported session, read-only: its memory curves (inline SVG) and its cell history.
-    The format is told by the file's content: JSON, or Parquet (needs pyarrow). Nothing of the
-    running session changes. In Python: gpumem.core.session_io.read_session(PATH).
+    """Show an exported session, read-only: its memory curves in the panel (in a notebook; elsewhere an inline
+    SVG), the figures at export, its cell history and each cell's report. Nothing of the running session changes.
+    The format is told by the file's content: JSON, or Parquet (needs pyarrow). In Python:
+    gpumem.core.session_io.read_session(PATH).
     """
-    del state  # the loaded session is shown, not merged into this one
     args = parse_argstring(magic_load, line)
     target = parse_path("path", args.path)
     assert target is not None
@@ -133,7 +136,33 @@ def magic_load(state: ExtensionState, line: str) -> None:
         raise UsageError(f"{target}: not a gpumem export (not UTF-8 text)") from None
     except OSError as error:
         raise UsageError(f"cannot read {str(target)!r}: {error.strerror or error}") from None
-    display(LoadedSession(data, str(target)))
+    panel = _loaded_panel(state, data, target)
+    if panel is not None:
+        display(panel)
+    display(LoadedSession(data, str(target), curves=panel is None))
+
+
+def _loaded_panel(state: ExtensionState, data: SessionData, target: Path) -> Any:
+    """The session's curves in the panel's widgets, read-only; None without a kernel to show widgets in
+    (a terminal: the text lists the figures), or for an export with no timeline."""
+    if not data.timeline.times or getattr(state.shell, "kernel", None) is None:
+        return None
+    try:
+        from gpumem.panel.loaded import LoadedPanel
+    except ImportError:  # no ipywidgets or bqplot: the HTML draws the curves
+        return None
+    return LoadedPanel(data, target.name)
+
+
+def _machine(state: ExtensionState) -> tuple[Snapshot | None, list[DeviceInfo]]:
+    """The figures now and each device's description, for the header of a loaded panel (none when unreadable)."""
+    source = state.monitor.source
+    try:
+        snapshot = state.monitor.snapshot()
+        infos = [source.device_info(index) for index in source.cuda_devices()]
+    except Exception:
+        return None, []
+    return snapshot, [info for info in infos if info is not None]
 
 
 def _write(write: Callable[[], bool], target: Path, what: str) -> None:

@@ -15,7 +15,7 @@ from gpumem.core.sources import DeviceInfo, Snapshot
 from gpumem.core.units import format_bytes
 from gpumem.panel.readings import PeakTracker, capacities_of, device_indices
 
-__all__ = ["DeviceFigures", "HeaderModel", "HostFigures", "build_header", "render_header"]
+__all__ = ["RECORDING_SPAN", "DeviceFigures", "HeaderModel", "HostFigures", "build_header", "render_header"]
 
 
 class DeviceFigures(NamedTuple):
@@ -172,13 +172,31 @@ _CACHED_TIP = (
 )
 
 
+# The peak_span of a loaded session's header: its peaks are over the whole recording.
+RECORDING_SPAN = "recording"
+_RECORDING_TIP = (
+    "Highest PyTorch allocation of the recorded session that is known: the curve's highest sample and each "
+    "measured cell's exact peak. A lower bound ('≥'): between measured cells the allocator's peak was not read."
+)
+
+
 def _peak_label(model: HeaderModel) -> str:
     """'peak since open', or 'peak since reset' after Reset peak: the span the mark on the curves starts."""
+    if model.peak_span == RECORDING_SPAN:
+        return "peak recorded"
     return "peak since reset" if model.peak_span == "peak reset" else "peak since open"
 
 
 def _peak_sub(model: HeaderModel) -> str:
+    if model.peak_span == RECORDING_SPAN:
+        return "curves and cells' exact peaks"
     return f"from the \u201c{model.peak_span}\u201d mark"
+
+
+def _peak_tip(model: HeaderModel) -> str:
+    return _RECORDING_TIP if model.peak_span == RECORDING_SPAN else _PEAK_TIP
+
+
 _USED_TIP = "Whole device as NVML reports it: every process, CUDA contexts included."
 
 
@@ -290,7 +308,10 @@ def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: float)
             sub=state,
         ),
         _card(
-            _peak_label(model), _peak(figures.peak_allocated_bytes, figures.peak_exact), _PEAK_TIP, sub=_peak_sub(model)
+            _peak_label(model),
+            _peak(figures.peak_allocated_bytes, figures.peak_exact),
+            _peak_tip(model),
+            sub=_peak_sub(model),
         ),
         _card("cached, unallocated", _size(figures.cached_free_bytes), _CACHED_TIP, sub="reserved - allocated"),
     ]
@@ -305,7 +326,7 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
     devices = model.devices
     peak, cached = _peak_label(model), "cached, unallocated"
     titles = ("device", "allocated", "reserved", "device used", "of capacity", peak, cached)
-    tips = {peak: _PEAK_TIP, cached: _CACHED_TIP}
+    tips = {peak: _peak_tip(model), cached: _CACHED_TIP}
     head = "".join(f'<th title="{html.escape(tips.get(h, ""))}">{h}</th>' for h in titles)
     rows: list[str] = []
     for f in devices:

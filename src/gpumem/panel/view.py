@@ -131,6 +131,7 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         self._legend = widgets.HTML("")
         figure = self._build_plot(compact)
         actions, settings = self._build_controls(options)
+        self._actions = actions  # a loaded (recorded) session hides them
         self._message = widgets.HTML('<div class="gm-msg"></div>')
         style = widgets.HTML(_STYLE, layout=widgets.Layout(display="none"))
         self._last_marks_key: tuple[Any, ...] | None = None
