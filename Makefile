@@ -3,6 +3,7 @@
 #
 #   make test   lint, type-check and run the whole test suite (CUDA tests skip without a GPU)
 #   make demo   start JupyterLab on 127.0.0.1 with a copy of notebooks/demo.ipynb (in .gpumem-demo/, ignored)
+#               GPUMEM_DEMO_CHECK=1: start it, check the notebook opens (.ci/demo_check.py), stop; CI runs this
 #   make soak   the long reliability tests (1,000 cells under free(), a simulated 24 h session); minutes
 #   make screenshots   the README's pictures (docs/images/*.png), taken by the browser tests in a real JupyterLab
 #                      from the recorded GPU session in docs/sessions/
@@ -31,19 +32,30 @@ DEMO_INSTALLED := $(VENV)/.gpumem-demo-installed
 # This machine's pip configuration names partial local indexes; pip warns for each missing project.
 PIP_NOISE := is ignored: it is neither a file nor a directory
 
-.PHONY: test demo demo-install soak screenshots install chromium lint typecheck pytest clean
+.PHONY: test demo demo-install demo-check-tools soak screenshots install chromium lint typecheck pytest clean
 
 test: install chromium lint typecheck pytest
 
-demo: demo-install
+demo: demo-install $(if $(filter-out 0,$(GPUMEM_DEMO_CHECK)),demo-check-tools)
 	@mkdir -p $(DEMO_DIR)
 	@if [ ! -e $(DEMO_DIR)/demo.ipynb ]; then cp notebooks/demo.ipynb $(DEMO_DIR)/demo.ipynb; \
 	  echo "==> copied notebooks/demo.ipynb to $(DEMO_DIR)/demo.ipynb (your edits stay there; delete it for a fresh copy)"; \
 	else echo "==> reusing $(DEMO_DIR)/demo.ipynb (delete it for a fresh copy of notebooks/demo.ipynb)"; fi
-	@echo "==> starting JupyterLab on http://127.0.0.1:$(DEMO_PORT) (Ctrl-C stops it)"
 	@if [ "$$(id -u)" = 0 ]; then root_flag=--allow-root; else root_flag=; fi; \
-	exec $(VENV)/bin/jupyter lab --ip=127.0.0.1 --port=$(DEMO_PORT) $$root_flag \
-	  --ServerApp.root_dir=$(abspath $(DEMO_DIR)) demo.ipynb
+	demo_dir=$$(cd $(DEMO_DIR) && pwd); \
+	server=("$(abspath $(VENV))/bin/jupyter" lab --ip=127.0.0.1 --port=$(DEMO_PORT) $$root_flag \
+	  --ServerApp.root_dir="$$demo_dir" "$$demo_dir/demo.ipynb"); \
+	if [ "$${GPUMEM_DEMO_CHECK:-0}" != 0 ]; then exec $(PY) .ci/demo_check.py "$$demo_dir/demo.ipynb" -- "$${server[@]}"; fi; \
+	echo "==> starting JupyterLab on http://127.0.0.1:$(DEMO_PORT) with $(DEMO_DIR)/demo.ipynb open (Ctrl-C stops it)"; \
+	exec "$${server[@]}"
+
+# GPUMEM_DEMO_CHECK=1 make demo (CI) opens the notebook in headless chromium when it is installed:
+# Playwright then joins the demo's environment (the test tools have it anyway).
+demo-check-tools: demo-install
+	@if [ -x /usr/bin/chromium ] && ! $(PY) -c "import playwright" 2>/dev/null; then \
+	  echo "==> installing playwright, to open the demo in headless chromium"; \
+	  $(PY) -m pip install -q "playwright>=1.45" 2>&1 | { grep -v "$(PIP_NOISE)" || true; }; \
+	fi
 
 # The demo needs the runtime, JupyterLab and a CPU torch; not the test tools. A test install has them all.
 demo-install: $(DEMO_INSTALLED)
