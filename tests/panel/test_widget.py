@@ -20,6 +20,7 @@ from IPython.core.error import UsageError
 
 from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.monitor import Monitor
+from gpumem.core.peaks import RunningPeak
 from gpumem.core.timeline import Timeline
 from gpumem.ipython import panel_magics as widget
 from gpumem.panel import widget as widget_module
@@ -32,7 +33,6 @@ from gpumem.panel.curves import (
     sample_rate_hz,
 )
 from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_rate, parse_threshold, parse_window
-from gpumem.panel.readings import PeakTracker
 from gpumem.panel.traffic import CommRecorder
 from gpumem.panel.widget import Panel, close_all
 from gpumem.panel.writer import shared_writer
@@ -169,7 +169,7 @@ def test_nice_axis_covers_the_data_with_round_ticks() -> None:
 
 
 def test_peak_tracker_trusts_the_counter_only_for_the_time_since_start() -> None:
-    tracker = PeakTracker()
+    tracker = RunningPeak()
     tracker.update(1 * GIB, counter=10 * GIB)  # the counter remembers an older 10 GiB peak
     tracker.update(2 * GIB, counter=10 * GIB)
     assert tracker.value == 2 * GIB and not tracker.exact  # sampled: a lower bound
