@@ -170,7 +170,7 @@ def _peak(value: int | None, exact: bool) -> str:
 
 
 _PEAK_WHY = {
-    "": "Exact: the allocator's own peak counter has covered the whole time since the mark.",
+    "": "Exact: the peak counter ({counter}) has covered the whole time since the mark.",
     "reset": (
         "'≥' marks a lower bound: the peak counter was reset since the mark (gpumem resets it when a measured "
         "cell starts, and so does torch.cuda.reset_peak_memory_stats), so it does not cover the whole time since; "
@@ -182,16 +182,23 @@ _PEAK_WHY = {
     ),
     "no counter": "'≥' marks a lower bound: no peak counter is read here; shown is the highest sample.",
     "either": (
-        "Exact when the allocator's own peak counter has covered the whole time since; '≥' marks a lower bound "
+        "Exact when the peak counter ({counter}) has covered the whole time since; '≥' marks a lower bound "
         "(hover a figure to see why)."
     ),
+}
+
+
+_COUNTERS = {
+    "PyTorch allocation": "torch.cuda.max_memory_allocated",
+    "resident memory (RSS)": "the process's peak RSS, which the OS keeps",
 }
 
 
 def _peak_tip(model: HeaderModel, what: str, why: str) -> str:
     """The hover text of a peak: what it covers, whether it is exact and why, and how the curves differ."""
     return (
-        f"Highest {what} since the “{model.peak_span}” mark on the curves. {_PEAK_WHY.get(why, '')} "
+        f"Highest {what} since the “{model.peak_span}” mark on the curves. "
+        f"{_PEAK_WHY.get(why, '').format(counter=_COUNTERS.get(what, 'its own'))} "
         "The curves are samples: a peak between two samples is not on them, and they also show samples from "
         "before the mark."
     )
