@@ -44,13 +44,19 @@ def _frame(mark_x_ms: list[float], labels: list[str], span_ms: float = 60_000.0)
 
 
 def _label_boxes(frame: CurveFrame, width_px: float) -> dict[int, tuple[float, float]]:
-    """(left, right) in px of each drawn label, by mark: it ends just left of its line (align end)."""
+    """(left, right) in px of each drawn label, by mark: it ends just left of its line, or starts just right
+    of it (``mark_label_right``)."""
     span = frame.x_max_ms - frame.x_min_ms
+    on_right = frame.mark_label_right or (False,) * len(frame.mark_labels)
     boxes = {}
     for index, (x, label) in enumerate(zip(frame.mark_x_ms, frame.mark_labels, strict=True)):
         if label:
-            right = (x - frame.x_min_ms) / span * width_px - MARK_LABEL_OFFSET_PX
-            boxes[index] = (right - len(label) * MARK_LABEL_CHAR_PX, right)
+            line = (x - frame.x_min_ms) / span * width_px
+            width = len(label) * MARK_LABEL_CHAR_PX
+            if on_right[index]:
+                boxes[index] = (line + MARK_LABEL_OFFSET_PX, line + MARK_LABEL_OFFSET_PX + width)
+            else:
+                boxes[index] = (line - MARK_LABEL_OFFSET_PX - width, line - MARK_LABEL_OFFSET_PX)
     return boxes
 
 
@@ -98,7 +104,7 @@ def test_crowded_marks_are_grouped_and_no_line_crosses_a_label(width_px: int) ->
     boxes = sorted(_label_boxes(laid, width_px).values())
     for (_, right), (left, _) in itertools.pairwise(boxes):
         assert left - right >= MARK_LABEL_GAP_PX - 1e-9, "labels never overlap"
-    assert all(left >= 0 for left, _ in boxes), "no label runs off the plot's left edge"
+    assert all(left >= 0 and right <= width_px for left, right in boxes), "no label runs off the plot"
     assert _lines_crossing_labels(laid, width_px) == [], "no full-height line runs through a label"
     assert min(laid.mark_tops) < 1.0, "the lines that would cross a label stop under the labels' band"
 
@@ -130,9 +136,19 @@ def test_marks_far_apart_are_all_labelled_and_drawn_full_height() -> None:
     assert laid.mark_tops == (1.0, 1.0, 1.0)
 
 
-def test_a_label_too_close_to_the_left_edge_is_left_off() -> None:
+def test_a_label_with_no_room_on_the_left_goes_right_of_its_line() -> None:
     frame = _frame([100.0, 40_000.0], ["panel opened", "[3]"])
-    assert layout_marks(frame, COMPACT_PLOT_WIDTH_PX, COMPACT_PLOT_HEIGHT_PX).mark_labels == ("", "[3]")
+    laid = layout_marks(frame, INLINE_PLOT_WIDTH_PX, INLINE_PLOT_HEIGHT_PX)
+    assert laid.mark_labels == ("panel opened", "[3]")
+    assert laid.mark_label_right == (True, False)
+    boxes = sorted(_label_boxes(laid, INLINE_PLOT_WIDTH_PX).values())
+    assert boxes[0][1] + MARK_LABEL_GAP_PX <= boxes[1][0]
+
+
+def test_a_label_with_no_room_on_either_side_is_left_off() -> None:
+    frame = _frame([100.0, 40_000.0], ["panel opened", "[3]"])
+    # "panel opened" goes right of its line; "[3]" fits on neither side of it then.
+    assert layout_marks(frame, COMPACT_PLOT_WIDTH_PX, COMPACT_PLOT_HEIGHT_PX).mark_labels == ("panel opened", "")
 
 
 def test_the_highest_curve_stays_under_the_labels_band() -> None:
@@ -175,3 +191,16 @@ def test_full_scale_without_a_gpu_is_the_machines_ram() -> None:
     assert panel.refresh()
     assert panel._y_axis.label == "MiB"
     assert panel._y_scale.max <= 1000  # back to the data: 800 MiB of RSS
+
+
+def test_the_view_draws_right_labels_with_their_own_mark_and_empties_it_after() -> None:
+    source = FakeSource(devices=0, host_rss_bytes=3 * GIB, host_total_bytes=64 * GIB)
+    monitor = Monitor(source)
+    panel = Panel(monitor, autostart=False)
+    laid = layout_marks(_frame([100.0, 40_000.0], ["panel opened", "[3]"]), INLINE_PLOT_WIDTH_PX, INLINE_PLOT_HEIGHT_PX)
+    panel._show_marks(laid)
+    assert list(panel._cell_labels.text) == ["", "[3]"]
+    assert list(panel._cell_labels_right.text) == ["panel opened", ""] and panel._cell_labels_right.visible
+    panel._show_marks(_frame([40_000.0], ["[3]"]))
+    assert len(panel._cell_labels_right.x) == 0 and not panel._cell_labels_right.visible
+    assert list(panel._cell_labels.text) == ["[3]"]

@@ -11,7 +11,7 @@ import functools
 import html
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -146,6 +146,8 @@ class CurveFrame(NamedTuple):
     # Per mark, how high its line reaches, as a fraction of y_max (empty: all the way up). A line that
     # would cross another mark's label stops under the labels' band.
     mark_tops: tuple[float, ...] = ()
+    # Per mark, whether its label is drawn right of its line (where it does not fit on the left).
+    mark_label_right: tuple[bool, ...] = ()
 
     @property
     def points_per_line(self) -> int:
@@ -282,10 +284,11 @@ def layout_marks(frame: CurveFrame, plot_width_px: float, plot_height_px: float)
     """``frame`` with its marks grouped (:func:`group_marks`), the labels that do not fit blanked ("" is
     drawn as nothing) and the lines that would cross a label shortened under the labels' band.
 
-    A label ends just left of its line. Labels are placed in order of importance: where the peaks start
-    (the panel opened, peak reset) and other named marks (a Free) first, then cells, newest first; one is
-    kept only where it stays inside the plot and clear of the labels kept before it, at ``plot_width_px``
-    (a lower bound of the real width: a wider plot only spreads them further).
+    A label ends just left of its line, or starts just right of it where the left has no room. Labels are
+    placed in order of importance: where the peaks start (the panel opened, peak reset) and other named
+    marks (a Free) first, then cells, newest first; one is kept only where it stays inside the plot and
+    clear of the labels kept before it, at ``plot_width_px`` (a lower bound of the real width: a wider plot
+    only spreads them further).
     """
     frame = group_marks(frame, plot_width_px)
     span_ms = frame.x_max_ms - frame.x_min_ms
@@ -296,12 +299,15 @@ def layout_marks(frame: CurveFrame, plot_width_px: float, plot_height_px: float)
     named = [i for i in range(len(labels) - 1, -1, -1) if not _CELL_OR_GROUP_LABEL.fullmatch(labels[i])]
     order = named + [i for i in range(len(labels) - 1, -1, -1) if i not in named]
     boxes: dict[int, tuple[float, float]] = {}
+    on_right = [False] * len(labels)
     for index in order:
-        right = positions[index] - MARK_LABEL_OFFSET_PX
-        left = right - len(labels[index]) * MARK_LABEL_CHAR_PX
-        clear = all(left >= r + MARK_LABEL_GAP_PX or right + MARK_LABEL_GAP_PX <= lft for lft, r in boxes.values())
-        if labels[index] and left >= 0 and clear:
-            boxes[index] = (left, right)
+        width = len(labels[index]) * MARK_LABEL_CHAR_PX
+        end = positions[index] - MARK_LABEL_OFFSET_PX
+        start = positions[index] + MARK_LABEL_OFFSET_PX
+        for left, right, is_right in ((end - width, end, False), (start, start + width, True)):
+            if labels[index] and left >= 0 and right <= plot_width_px and _clear(left, right, boxes.values()):
+                boxes[index], on_right[index] = (left, right), is_right
+                break
         else:
             labels[index] = ""
     under_band = 1.0 - MARK_LABEL_BAND_PX / max(plot_height_px, 2 * MARK_LABEL_BAND_PX)
@@ -309,7 +315,12 @@ def layout_marks(frame: CurveFrame, plot_width_px: float, plot_height_px: float)
         under_band if any(lft - 1 <= px <= r + 1 for j, (lft, r) in boxes.items() if j != i) else 1.0
         for i, px in enumerate(positions)
     )
-    return frame._replace(mark_labels=tuple(labels), mark_tops=tops)
+    return frame._replace(mark_labels=tuple(labels), mark_tops=tops, mark_label_right=tuple(on_right))
+
+
+def _clear(left: float, right: float, boxes: Iterable[tuple[float, float]]) -> bool:
+    """Whether the label box ``left..right`` keeps the gap from every box in ``boxes``."""
+    return all(left >= r + MARK_LABEL_GAP_PX or right + MARK_LABEL_GAP_PX <= lft for lft, r in boxes)
 
 
 def read_resolution_s(window_s: float | None) -> float:

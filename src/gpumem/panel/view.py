@@ -177,10 +177,15 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             x=np.zeros(0), y=np.zeros(0), text=np.zeros(0, dtype=str), scales=scales, colors=[MARK_COLOR],
             default_size=11.0, align="end", x_offset=-3, y_offset=11, visible=False,
         )  # fmt: skip
+        # The labels with no room left of their line, drawn right of it.
+        self._cell_labels_right = bqplot.Label(
+            x=np.zeros(0), y=np.zeros(0), text=np.zeros(0, dtype=str), scales=scales, colors=[MARK_COLOR],
+            default_size=11.0, align="start", x_offset=3, y_offset=11, visible=False,
+        )  # fmt: skip
         min_width = COMPACT_FIGURE_MIN_WIDTH_PX if compact else INLINE_FIGURE_MIN_WIDTH_PX
         height = COMPACT_FIGURE_HEIGHT_PX if compact else INLINE_FIGURE_HEIGHT_PX
         return bqplot.Figure(
-            marks=[self._cell_lines, self._curves, self._capacity, self._cell_labels],
+            marks=[self._cell_lines, self._curves, self._capacity, self._cell_labels, self._cell_labels_right],
             axes=[self._x_axis, self._y_axis],
             fig_margin={
                 "top": PLOT_MARGIN_TOP_PX,
@@ -400,7 +405,7 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             self._capacity.visible = False
 
     def _show_marks(self, frame: CurveFrame) -> None:
-        marks_key = (frame.mark_x_ms.tobytes(), frame.mark_labels, frame.mark_tops, frame.y_max)
+        marks_key = (frame.mark_x_ms.tobytes(), frame.mark_labels, frame.mark_tops, frame.mark_label_right, frame.y_max)
         if marks_key == self._last_marks_key:
             return
         self._last_marks_key = marks_key
@@ -413,11 +418,18 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             y[:, 1] = tops * frame.y_max
             self._cell_lines.y = y
             self._cell_lines.visible = count > 0
-        with self._cell_labels.hold_sync():
-            self._cell_labels.x = _dates(frame.mark_x_ms)
-            self._cell_labels.y = np.full(count, frame.y_max, dtype=np.float32)
-            self._cell_labels.text = np.array(frame.mark_labels, dtype=str)
-            self._cell_labels.visible = count > 0
+        right = frame.mark_label_right if len(frame.mark_label_right) == count else (False,) * count
+        for mark, side in ((self._cell_labels, False), (self._cell_labels_right, True)):
+            texts = [text if on_right == side else "" for text, on_right in zip(frame.mark_labels, right, strict=True)]
+            # Emptied too when it draws nothing (the x scale fits every mark's dates), once: then no message.
+            drawn = count if any(texts) or not side else 0
+            if drawn == 0 and len(mark.x) == 0:
+                continue
+            with mark.hold_sync():
+                mark.x = _dates(frame.mark_x_ms[:drawn])
+                mark.y = np.full(drawn, frame.y_max, dtype=np.float32)
+                mark.text = np.array(texts[:drawn], dtype=str)
+                mark.visible = drawn > 0
 
     def close_parts(self) -> None:
         """Close every widget inside the panel (layouts, styles, scales, marks...), not the panel itself."""
