@@ -22,10 +22,28 @@ function basename(path: string): string {
   return parts[parts.length - 1] || path;
 }
 
+/**
+ * One host object per notebook or console: the sidebar compares hosts by
+ * identity (is this the docked one?), so the same document must always give
+ * the same object.
+ */
+const known = new WeakMap<Widget, IHost>();
+
 export function hostFor(widget: Widget | null | undefined): IHost | null {
   if (!widget || widget.isDisposed) {
     return null;
   }
+  let host = known.get(widget);
+  if (!host) {
+    host = makeHost(widget) ?? undefined;
+    if (host) {
+      known.set(widget, host);
+    }
+  }
+  return host ?? null;
+}
+
+function makeHost(widget: Widget): IHost | null {
   if (widget instanceof NotebookPanel) {
     const panel = widget;
     return {

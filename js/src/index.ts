@@ -19,6 +19,12 @@ import { StatusConnection, StatusItem } from './status';
 /** Lower than ipywidgets' widget-view renderer (-10): ours is preferred. */
 const RENDERER_RANK = -50;
 
+/**
+ * How long a restored `%gpumem sidebar` output waits for its kernel's status
+ * comm to say whether its panel is still live (a busy kernel answers late).
+ */
+const LIVE_PANEL_WAIT_MS = 15000;
+
 namespace CommandIDs {
   export const showSidebar = 'gpumem:show-sidebar';
   export const closeSidebar = 'gpumem:close-sidebar';
@@ -47,6 +53,12 @@ function activate(
       return take
         ? connection.takeFreshOutput(modelId)
         : connection.hasFreshOutput(modelId);
+    },
+    (host, modelId) => {
+      const connection = connections.get(host.widget);
+      return connection
+        ? connection.showsLivePanel(modelId, LIVE_PANEL_WAIT_MS)
+        : Promise.resolve(false);
     }
   );
 

@@ -32,6 +32,8 @@ export interface IStatusPayload {
   devices: IDeviceStatus[];
   host?: { rss_bytes?: number | null };
   cuda_in_use: boolean;
+  /** Model id of the kernel's live sidebar panel, when it has one: a page may dock it. */
+  docked_model_id?: string | null;
 }
 
 /** Kernel -> front end messages on the status comm. */

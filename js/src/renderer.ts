@@ -18,6 +18,14 @@ export type FreshOutputCheck = (
 ) => boolean;
 
 /**
+ * Whether `modelId` is the live sidebar panel of `host`'s running kernel, as
+ * its status comm says (false when the kernel does not answer in time).
+ */
+export type LivePanelCheck = (host: IHost, modelId: string) => Promise<boolean>;
+
+const DOCKED_TEXT = 'GPU memory panel docked in the right sidebar.';
+
+/**
  * Renders a `%gpumem sidebar` output: a one-line note in the cell, and docks
  * the panel in the sidebar.
  *
@@ -33,7 +41,8 @@ export class SidebarNoteRenderer
     options: IRenderMime.IRendererOptions,
     private _controller: SidebarController,
     private _hosts: Hosts,
-    private _isFresh: FreshOutputCheck
+    private _isFresh: FreshOutputCheck,
+    private _isLive: LivePanelCheck
   ) {
     super();
     this._mimeType = options.mimeType;
@@ -50,16 +59,24 @@ export class SidebarNoteRenderer
     }
     const text = document.createElement('span');
     text.className = 'gpumem-SidebarNote-text';
-    text.textContent = 'GPU memory panel docked in the right sidebar.';
+    text.textContent = 'GPU memory panel: looking for its kernel…';
     const button = document.createElement('button');
     button.className =
       'gpumem-SidebarNote-button jp-Button jp-mod-styled jp-mod-accept';
     button.textContent = 'Show sidebar';
     this.node.append(text, ' ', button);
 
-    void this._locate(modelId).then(host => {
-      const fresh = host !== null && this._isFresh(host, modelId, true);
-      if (host && fresh) {
+    void this._locate(modelId).then(async host => {
+      // Fresh from the kernel, or restored (a reload, a new window) while its kernel still shows it.
+      const live =
+        host !== null &&
+        (this._isFresh(host, modelId, true) ||
+          (await this._isLive(host, modelId)));
+      if (this.isDisposed) {
+        return;
+      }
+      if (host && live) {
+        text.textContent = DOCKED_TEXT;
         this._controller.dock(host, modelId);
       } else {
         text.textContent = host
@@ -114,13 +131,14 @@ export class SidebarNoteRenderer
 export function sidebarRendererFactory(
   controller: SidebarController,
   hosts: Hosts,
-  isFresh: FreshOutputCheck
+  isFresh: FreshOutputCheck,
+  isLive: LivePanelCheck
 ): IRenderMime.IRendererFactory {
   return {
     safe: false,
     mimeTypes: [SIDEBAR_MIME],
     createRenderer: options =>
-      new SidebarNoteRenderer(options, controller, hosts, isFresh)
+      new SidebarNoteRenderer(options, controller, hosts, isFresh, isLive)
   };
 }
 

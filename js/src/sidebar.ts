@@ -159,6 +159,13 @@ export class SidebarController {
 
   /** Dock the widget `modelId` of `host`'s kernel and reveal the sidebar. */
   dock(host: IHost, modelId: string, reveal = true): void {
+    if (this.isDocked(host, modelId) && this.isOpen) {
+      // Already shown (a restored output and the reload's request may both ask): no second view.
+      if (reveal) {
+        this.show();
+      }
+      return;
+    }
     this._watch(host);
     this._modelId = modelId;
     this._message = null;

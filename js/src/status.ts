@@ -96,6 +96,33 @@ export class StatusConnection {
     return this._freshOutputs.has(modelId);
   }
 
+  /**
+   * Whether the kernel says `modelId` is its live sidebar panel: answered by
+   * the first status payload (now, or once the comm connects), false after
+   * `timeoutMs` without one.
+   */
+  showsLivePanel(modelId: string, timeoutMs: number): Promise<boolean> {
+    return new Promise<boolean>(resolve => {
+      let timer = 0;
+      const finish = (live: boolean) => {
+        window.clearTimeout(timer);
+        this._changed.disconnect(check);
+        resolve(live);
+      };
+      const check = () => {
+        const payload = this.payload;
+        if (payload) {
+          finish(payload.docked_model_id === modelId);
+        } else if (this._absent) {
+          finish(false); // the kernel has no gpumem status comm: nothing of it is live
+        }
+      };
+      timer = window.setTimeout(() => finish(false), timeoutMs);
+      this._changed.connect(check);
+      check();
+    });
+  }
+
   /** Ask the kernel for a panel to dock; false when there is no comm. */
   requestSidebar(): boolean {
     const sent = this._send({ request: 'sidebar' });
@@ -142,6 +169,7 @@ export class StatusConnection {
     }
     this._closeComm();
     this._freshOutputs.clear();
+    this._absent = false;
     this._kernel = kernel;
     console.debug(`gpumem: ${this.host.name()} kernel connection ${kernel?.id ?? 'none'}`);
     if (kernel) {
@@ -259,6 +287,10 @@ export class StatusConnection {
           content.status === 'ok' ? Object.keys(content.comms).length : 0;
         console.debug(`gpumem: kernel ${kernel.id} has ${found} status comms`);
         if (!found) {
+          if (kernel === this._kernel && !this._absent) {
+            this._absent = true;
+            this._changed.emit();
+          }
           return;
         }
       }
@@ -296,6 +328,7 @@ export class StatusConnection {
 
   private _adopt(comm: Kernel.IComm, owned: boolean): void {
     console.debug(`gpumem: status comm ${comm.commId} adopted`);
+    this._absent = false;
     this._comm = comm;
     this._owned = owned;
     comm.onMsg = msg => this._onData(msg.content.data);
@@ -369,6 +402,8 @@ export class StatusConnection {
   private _keepalive = 0;
   private _probing: Kernel.IKernelConnection | null = null;
   private _mentioned = false;
+  /** The kernel was asked and had no gpumem status comm (gpumem not loaded there). */
+  private _absent = false;
   private _disposed = false;
   private _changed = new Signal<this, void>(this);
   private _sidebarAnswered = new Signal<this, ISidebarAnswer>(this);

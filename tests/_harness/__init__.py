@@ -28,7 +28,14 @@ without Playwright, nbformat or a Jupyter server installed.
 from __future__ import annotations
 
 from _harness.artifacts import artifacts_path, safe_name, save_screenshot
-from _harness.chromium import CHROMIUM_ARGS, chromium_path, console_messages
+from _harness.chromium import (
+    CHROMIUM_ARGS,
+    assert_no_console_errors,
+    capture_console,
+    chromium_path,
+    console_errors,
+    console_messages,
+)
 from _harness.config import KERNEL_TIMEOUT, OUTPUT_TIMEOUT, REPO_ROOT, SERVER_START_TIMEOUT, SRC_DIR
 from _harness.gpu import check_gpu_item, cuda_status, gpu_required
 from _harness.lab_page import (
@@ -43,6 +50,7 @@ from _harness.lab_page import (
     wait_for_cell_done,
     wait_for_kernel_idle,
     wait_for_output,
+    wait_for_text,
 )
 from _harness.notebooks import JupyterEnv, cell_text, make_jupyter_env, make_notebook, notebook_text, run_notebook
 from _harness.servers import JupyterServer, start_jupyter_server
@@ -60,11 +68,14 @@ __all__ = [
     "JupyterServer",
     "KernelFrames",
     "artifacts_path",
+    "assert_no_console_errors",
+    "capture_console",
     "cell_outputs_text",
     "cell_text",
     "cells",
     "check_gpu_item",
     "chromium_path",
+    "console_errors",
     "console_messages",
     "cpu_holders",
     "cuda_status",
@@ -86,5 +97,6 @@ __all__ = [
     "wait_for_cell_done",
     "wait_for_kernel_idle",
     "wait_for_output",
+    "wait_for_text",
     "walk_cpu_tensors",
 ]

@@ -63,10 +63,7 @@ def browser_page(request: pytest.FixtureRequest, browser: Browser) -> Iterator[P
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.set_default_timeout(OUTPUT_TIMEOUT * 1000)
     page = context.new_page()
-    console: list[str] = []
-    page.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
-    page.on("pageerror", lambda exc: console.append(f"[pageerror] {exc}"))
-    page.gpumem_console = console  # type: ignore[attr-defined]
+    console = capture_console(page)
     try:
         yield page
     finally:
@@ -84,7 +81,44 @@ def browser_page(request: pytest.FixtureRequest, browser: Browser) -> Iterator[P
                 request.getfixturevalue(fixture).shutdown_kernels()
 
 
+def capture_console(page: Page) -> list[str]:
+    """Collect ``page``'s console lines and uncaught errors (with their stack) from now on; the list."""
+    console: list[str] = []
+    page.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
+    page.on("pageerror", lambda exc: console.append(f"[pageerror] {exc}\n{getattr(exc, 'stack', '') or ''}"))
+    page.gpumem_console = console  # type: ignore[attr-defined]
+    return console
+
+
 def console_messages(page: Page) -> list[str]:
     """Browser console lines collected so far for a ``browser_page``."""
     messages: list[str] = getattr(page, "gpumem_console", [])
     return messages
+
+
+# Console errors that are provably not gpumem's, each with the proof: a line is left out when it contains
+# every string of an entry.
+CONSOLE_ERRORS_NOT_OURS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("Cannot read properties of undefined (reading 'schema')", "/static/notebook/notebook_core."),
+        ("Notebook 7.6.5's own keyboard-shortcut settings loader throws this on every page load, also with "
+        "gpumem's extension disabled (page_config disabledExtensions) on a notebook that never loads gpumem"),
+    ),
+)
+
+
+def console_errors(page: Page) -> list[str]:
+    """The console errors and uncaught page errors of a ``browser_page`` so far, less the allow-listed ones
+    (:data:`CONSOLE_ERRORS_NOT_OURS`)."""
+    return [
+        line
+        for line in console_messages(page)
+        if line.startswith(("[error]", "[pageerror]"))
+        and not any(all(part in line for part in parts) for parts, _why in CONSOLE_ERRORS_NOT_OURS)
+    ]
+
+
+def assert_no_console_errors(page: Page) -> None:
+    """Fail with the lines when the page logged a console error (see :func:`console_errors`)."""
+    errors = console_errors(page)
+    assert not errors, f"{len(errors)} browser console errors:\n" + "\n".join(errors[:20])

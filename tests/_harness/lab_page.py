@@ -151,6 +151,19 @@ def wait_for_output(cell_or_page: Locator | Page, text: str | re.Pattern[str], t
     raise AssertionError(f"no output containing {text!r} within {timeout}s; outputs were:\n{seen[-2000:]}")
 
 
+def wait_for_text(target: Locator, text: str | re.Pattern[str], timeout: float = OUTPUT_TIMEOUT) -> str:
+    """Wait until the first element of ``target`` contains ``text`` (a substring or a regex); its text."""
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        if target.count():
+            seen = str(target.first.inner_text())
+            if text.search(seen) if isinstance(text, re.Pattern) else text in seen:
+                return seen
+        time.sleep(0.2)
+    raise AssertionError(f"no text containing {text!r} within {timeout}s; the element said: {seen[-2000:]!r}")
+
+
 def readme_screenshot(target: Locator, name: str, *, down_to: Locator | None = None) -> Path | None:
     """Save ``target`` (an element) as ``$GPUMEM_SCREENSHOTS/<name>.png`` for the README; None when unset.
 

@@ -486,6 +486,7 @@ def test_status_rows_say_what_they_are_and_history_shows_kinds_on_a_gpu(gpu: Any
     """The small words where CUDA is in use: a row per device labelled cuda:N, the host's labelled host RAM;
     the history's "by kind" column is there once a cell's CUDA tensors were sorted into kinds."""
     assert gpu.run_cell("%gpumem auto on --vars always").success
+    assert gpu.run_cell("first = torch.empty(1 << 20, dtype=torch.uint8, device='cuda:0')").success  # a baseline
     assert run_cell_capture(gpu, "kept = torch.empty(64 << 20, dtype=torch.uint8, device='cuda:0')")[0].success
     lines = run_cell_capture(gpu, "%gpumem status")[1].stdout.splitlines()
     assert lines[1].startswith("  cuda:0   allocated ") and "(all processes)" in lines[1], lines
@@ -493,4 +494,4 @@ def test_status_rows_say_what_they_are_and_history_shows_kinds_on_a_gpu(gpu: Any
     assert not any(line.startswith("  now") for line in lines), lines
     (output,) = run_cell_capture(gpu, "%gpumem history")[1].outputs
     assert "by kind" in output.data["text/plain"] and "by kind" in output.data["text/html"]
-    assert gpu.run_cell("del kept\n%gpumem auto off").success
+    assert gpu.run_cell("del kept, first\n%gpumem auto off").success

@@ -38,6 +38,7 @@ from _harness import (
     save_screenshot,
     wait_for_kernel_idle,
     wait_for_output,
+    wait_for_text,
 )
 from _harness.lab_page import readme_screenshot
 
@@ -256,6 +257,7 @@ class FakeShell:
 @pytest.fixture
 def frontend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from gpumem.panel import frontend as _frontend
+    from gpumem.panel import writer
 
     announced: list[FakeComm] = []
 
@@ -268,6 +270,7 @@ def frontend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     monkeypatch.setattr(comm_module, "create_comm", create_comm)
     monkeypatch.setattr(_frontend, "PUBLISH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(writer, "_docked", None)  # no panel docked by an earlier test
     _frontend.announced = announced  # type: ignore[attr-defined]
     try:
         yield _frontend
@@ -315,6 +318,11 @@ def test_show_sidebar_displays_one_output(ip: Any) -> None:
     assert panel.comm is not None
     with pytest.raises(TypeError):
         show_sidebar(object())
+    # While it is open, the status payload names the docked panel: a page that opens later (a new window)
+    # docks it again; once it is closed, no more.
+    assert _frontend._build_payload()["docked_model_id"] == panel.model_id
+    panel.close()
+    assert "docked_model_id" not in _frontend._build_payload()
 
 
 def test_status_target_without_kernel_does_nothing(frontend: Any) -> None:
@@ -795,12 +803,12 @@ def test_lab_magic_sidebar_and_reload(
     # Save (the output is signed, so it is trusted when it comes back) and reload: the kernel lives on.
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="magic.ipynb").wait_for(state="detached")
-    # Reload: the kernel lives on. The restored note does not dock by itself; the status item
-    # reconnects (the kernel already has gpumem.status comms) and its click asks for the panel.
+    # Reload: the kernel lives on. The restored note asks the kernel (its status comm reconnects) whether
+    # its panel is still the live docked one: it is, so the note says docked, not "earlier run".
     page.reload(wait_until="domcontentloaded")
     wait_for_kernel_idle(page)
     page.locator(".gpumem-SidebarNote").first.wait_for(state="visible")
-    assert "earlier run" in page.locator(".gpumem-SidebarNote").first.inner_text()
+    wait_for_text(page.locator(".gpumem-SidebarNote"), NOTE)
     # It was docked before the reload: it comes back by itself once the status comm reconnects.
     sidebar(page).locator(".gpumem-panel").wait_for(state="visible", timeout=30_000)
     wait_sidebar_text(page, "GPU memory · magic.ipynb")
@@ -942,7 +950,8 @@ def test_lab_restored_output_does_not_dock_a_dead_widget(
     open_notebook(page, jupyter_server, "restored.ipynb")
     note = page.locator(".gpumem-SidebarNote")
     note.wait_for(state="visible")
-    assert "earlier run" in note.inner_text()
+    # Its kernel has no gpumem: once asked (no status comm there), the note says so, without docking.
+    wait_for_text(note, "earlier run", timeout=20)
     page.wait_for_timeout(1000)
     assert sidebar(page).count() == 0
 

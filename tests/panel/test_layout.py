@@ -9,8 +9,22 @@ import numpy as np
 import pytest
 
 from gpumem.core.monitor import Monitor
-from gpumem.panel.curves import MARK_LABEL_CHAR_PX, MARK_LABEL_GAP_PX, CurveFrame, label_spaced_marks
-from gpumem.panel.options import COMPACT_PLOT_WIDTH_PX, INLINE_PLOT_WIDTH_PX
+from gpumem.panel.curves import (
+    MARK_GROUP_PX,
+    MARK_LABEL_BAND_PX,
+    MARK_LABEL_CHAR_PX,
+    MARK_LABEL_GAP_PX,
+    MARK_LABEL_OFFSET_PX,
+    CurveFrame,
+    group_marks,
+    layout_marks,
+)
+from gpumem.panel.options import (
+    COMPACT_PLOT_HEIGHT_PX,
+    COMPACT_PLOT_WIDTH_PX,
+    INLINE_PLOT_HEIGHT_PX,
+    INLINE_PLOT_WIDTH_PX,
+)
 from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, FakeSource
 
@@ -29,41 +43,125 @@ def _frame(mark_x_ms: list[float], labels: list[str], span_ms: float = 60_000.0)
     )  # fmt: skip
 
 
-def _label_boxes(frame: CurveFrame, width_px: float) -> list[tuple[float, float]]:
-    """(left, right) in px of each drawn label: it ends at its line (align end)."""
+def _label_boxes(frame: CurveFrame, width_px: float) -> dict[int, tuple[float, float]]:
+    """(left, right) in px of each drawn label, by mark: it ends just left of its line, or starts just right
+    of it (``mark_label_right``)."""
     span = frame.x_max_ms - frame.x_min_ms
-    boxes = []
-    for x, label in zip(frame.mark_x_ms, frame.mark_labels, strict=True):
+    on_right = frame.mark_label_right or (False,) * len(frame.mark_labels)
+    boxes = {}
+    for index, (x, label) in enumerate(zip(frame.mark_x_ms, frame.mark_labels, strict=True)):
         if label:
-            right = (x - frame.x_min_ms) / span * width_px
-            boxes.append((right - len(label) * MARK_LABEL_CHAR_PX, right))
+            line = (x - frame.x_min_ms) / span * width_px
+            width = len(label) * MARK_LABEL_CHAR_PX
+            if on_right[index]:
+                boxes[index] = (line + MARK_LABEL_OFFSET_PX, line + MARK_LABEL_OFFSET_PX + width)
+            else:
+                boxes[index] = (line - MARK_LABEL_OFFSET_PX - width, line - MARK_LABEL_OFFSET_PX)
     return boxes
 
 
+def _lines_crossing_labels(frame: CurveFrame, width_px: float) -> list[tuple[int, int]]:
+    """(line, label) pairs where a mark's full-height line runs through another mark's label."""
+    span = frame.x_max_ms - frame.x_min_ms
+    tops = frame.mark_tops or (1.0,) * len(frame.mark_labels)
+    crossings = []
+    for index, x in enumerate(frame.mark_x_ms):
+        px = (x - frame.x_min_ms) / span * width_px
+        for other, (left, right) in _label_boxes(frame, width_px).items():
+            if other != index and left - 1 <= px <= right + 1 and tops[index] >= 1.0:
+                crossings.append((index, other))
+    return crossings
+
+
+# Cells 9..40 one second apart in a one-minute window, the panel opened among them, then a Free: the pile-up
+# "[9][10][11][12]free" and the barcode of a 250 px sidebar.
+_CROWD_X = [1000.0 * i for i in range(20, 52)] + [35_500.0, 52_500.0]
+_CROWD_LABELS = [f"[{n}]" for n in range(9, 41)] + ["panel opened", "free"]
+
+
+def _crowd() -> CurveFrame:
+    order = np.argsort(_CROWD_X, kind="stable")
+    return _frame([_CROWD_X[i] for i in order], [_CROWD_LABELS[i] for i in order])
+
+
 @pytest.mark.parametrize("width_px", [COMPACT_PLOT_WIDTH_PX, INLINE_PLOT_WIDTH_PX])
-def test_crowded_marks_keep_every_line_and_labels_never_overlap(width_px: int) -> None:
-    # Cells 9..40 one second apart in a one-minute window, then a Free: the pile-up "[9][10][11][12]free".
-    x = [1000.0 * i for i in range(20, 52)] + [52_500.0]
-    labels = [f"[{n}]" for n in range(9, 41)] + ["free"]
-    spaced = label_spaced_marks(_frame(x, labels), width_px)
-    assert spaced.mark_x_ms.tolist() == x, "every mark keeps its line"
-    shown = [label for label in spaced.mark_labels if label]
-    assert shown[-1] == "free", "the newest mark is always labelled"
-    assert 2 <= len(shown) < len(labels)
-    boxes = _label_boxes(spaced, width_px)
+def test_crowded_marks_are_grouped_and_no_line_crosses_a_label(width_px: int) -> None:
+    laid = layout_marks(_crowd(), width_px, COMPACT_PLOT_HEIGHT_PX)
+    shown = [label for label in laid.mark_labels if label]
+    # The named marks come first: labelled wherever their label fits inside the plot (at 114 px, "panel
+    # opened" would run off the left edge).
+    assert "free" in shown
+    assert ("panel opened" in shown) == (width_px == INLINE_PLOT_WIDTH_PX), shown
+    # Grouped: fewer lines than cells, each cell in exactly one group, no two cell lines closer than a group.
+    grouped = group_marks(_crowd(), width_px)
+    assert laid.mark_x_ms.tolist() == grouped.mark_x_ms.tolist()
+    assert len(grouped.mark_labels) < len(_CROWD_LABELS)
+    cells = [i for i, label in enumerate(grouped.mark_labels) if label.startswith("[")]
+    px = (grouped.mark_x_ms - grouped.x_min_ms) / (grouped.x_max_ms - grouped.x_min_ms) * width_px
+    assert all(b - a >= MARK_GROUP_PX for a, b in itertools.pairwise(px[cells].tolist()))
+    covered = [n for i in cells for n in _cell_range(grouped.mark_labels[i])]
+    assert covered == list(range(9, 41)), grouped.mark_labels
+    boxes = sorted(_label_boxes(laid, width_px).values())
     for (_, right), (left, _) in itertools.pairwise(boxes):
-        assert left - right >= MARK_LABEL_GAP_PX - 1e-9
-    assert all(left >= 0 for left, _ in boxes), "no label runs off the plot's left edge"
+        assert left - right >= MARK_LABEL_GAP_PX - 1e-9, "labels never overlap"
+    assert all(left >= 0 and right <= width_px for left, right in boxes), "no label runs off the plot"
+    assert _lines_crossing_labels(laid, width_px) == [], "no full-height line runs through a label"
+    assert min(laid.mark_tops) < 1.0, "the lines that would cross a label stop under the labels' band"
 
 
-def test_marks_far_apart_are_all_labelled() -> None:
+def _cell_range(label: str) -> list[int]:
+    first, _, last = label.strip("[]").partition("\u2013")
+    return list(range(int(first), int(last or first) + 1))
+
+
+def test_dense_cells_make_one_mark_with_their_range() -> None:
+    frame = _frame([10_000.0, 10_100.0, 10_200.0, 40_000.0], ["[3]", "[4]", "[5]", "[6]"])
+    grouped = group_marks(frame, COMPACT_PLOT_WIDTH_PX)
+    assert grouped.mark_labels == ("[3\u20135]", "[6]")
+    assert grouped.mark_x_ms.tolist() == [10_000.0, 40_000.0], "a group's line is where its first cell started"
+
+
+def test_named_marks_are_never_grouped() -> None:
+    # A Free among dense cells keeps its own line; the cells around it still make one group.
+    frame = _frame([10_000.0, 10_100.0, 10_200.0], ["[3]", "free", "[4]"])
+    grouped = group_marks(frame, COMPACT_PLOT_WIDTH_PX)
+    assert grouped.mark_labels == ("[3\u20134]", "free")
+    assert grouped.mark_x_ms.tolist() == [10_000.0, 10_100.0]
+
+
+def test_marks_far_apart_are_all_labelled_and_drawn_full_height() -> None:
     frame = _frame([10_000.0, 30_000.0, 50_000.0], ["[1]", "[2]", "free"])
-    assert label_spaced_marks(frame, INLINE_PLOT_WIDTH_PX).mark_labels == ("[1]", "[2]", "free")
+    laid = layout_marks(frame, INLINE_PLOT_WIDTH_PX, INLINE_PLOT_HEIGHT_PX)
+    assert laid.mark_labels == ("[1]", "[2]", "free")
+    assert laid.mark_tops == (1.0, 1.0, 1.0)
 
 
-def test_a_label_too_close_to_the_left_edge_is_left_off() -> None:
+def test_a_label_with_no_room_on_the_left_goes_right_of_its_line() -> None:
     frame = _frame([100.0, 40_000.0], ["panel opened", "[3]"])
-    assert label_spaced_marks(frame, COMPACT_PLOT_WIDTH_PX).mark_labels == ("", "[3]")
+    laid = layout_marks(frame, INLINE_PLOT_WIDTH_PX, INLINE_PLOT_HEIGHT_PX)
+    assert laid.mark_labels == ("panel opened", "[3]")
+    assert laid.mark_label_right == (True, False)
+    boxes = sorted(_label_boxes(laid, INLINE_PLOT_WIDTH_PX).values())
+    assert boxes[0][1] + MARK_LABEL_GAP_PX <= boxes[1][0]
+
+
+def test_a_label_with_no_room_on_either_side_is_left_off() -> None:
+    frame = _frame([100.0, 40_000.0], ["panel opened", "[3]"])
+    # "panel opened" goes right of its line; "[3]" fits on neither side of it then.
+    assert layout_marks(frame, COMPACT_PLOT_WIDTH_PX, COMPACT_PLOT_HEIGHT_PX).mark_labels == ("panel opened", "")
+
+
+def test_the_highest_curve_stays_under_the_labels_band() -> None:
+    source = FakeSource(devices=0, host_rss_bytes=3 * GIB, host_total_bytes=64 * GIB)
+    monitor = Monitor(source)
+    panel = Panel(monitor, autostart=False, compact=True)
+    monitor.sampler.sample_once()
+    monitor.sampler.sample_once()
+    assert panel.refresh()
+    frame = panel._last_frame
+    assert frame is not None
+    top_px = (1 - float(np.nanmax(frame.y)) / frame.y_max) * COMPACT_PLOT_HEIGHT_PX
+    assert top_px >= MARK_LABEL_BAND_PX
 
 
 def test_without_a_gpu_the_host_box_is_ticked_disabled_and_restored_when_a_gpu_appears() -> None:
@@ -93,3 +191,16 @@ def test_full_scale_without_a_gpu_is_the_machines_ram() -> None:
     assert panel.refresh()
     assert panel._y_axis.label == "MiB"
     assert panel._y_scale.max <= 1000  # back to the data: 800 MiB of RSS
+
+
+def test_the_view_draws_right_labels_with_their_own_mark_and_empties_it_after() -> None:
+    source = FakeSource(devices=0, host_rss_bytes=3 * GIB, host_total_bytes=64 * GIB)
+    monitor = Monitor(source)
+    panel = Panel(monitor, autostart=False)
+    laid = layout_marks(_frame([100.0, 40_000.0], ["panel opened", "[3]"]), INLINE_PLOT_WIDTH_PX, INLINE_PLOT_HEIGHT_PX)
+    panel._show_marks(laid)
+    assert list(panel._cell_labels.text) == ["", "[3]"]
+    assert list(panel._cell_labels_right.text) == ["panel opened", ""] and panel._cell_labels_right.visible
+    panel._show_marks(_frame([40_000.0], ["[3]"]))
+    assert len(panel._cell_labels_right.x) == 0 and not panel._cell_labels_right.visible
+    assert list(panel._cell_labels.text) == ["[3]"]

@@ -20,6 +20,7 @@ from IPython.core.error import UsageError
 
 from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.monitor import Monitor
+from gpumem.core.peaks import RunningPeak
 from gpumem.core.timeline import Timeline
 from gpumem.ipython import panel_magics as widget
 from gpumem.panel import widget as widget_module
@@ -32,7 +33,6 @@ from gpumem.panel.curves import (
     sample_rate_hz,
 )
 from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_rate, parse_threshold, parse_window
-from gpumem.panel.readings import PeakTracker
 from gpumem.panel.traffic import CommRecorder
 from gpumem.panel.widget import Panel, close_all
 from gpumem.panel.writer import shared_writer
@@ -82,10 +82,12 @@ def _panel(monitor: Monitor, **kwargs: Any) -> Panel:
 
 
 def _drawn(panel: Panel) -> np.ndarray:
-    """The curves' values as sent, without the valueless point the panel puts at each end of the window."""
+    """The curves' values as sent, without the two valueless points (the window's ends) the panel puts first."""
     y = np.atleast_2d(np.asarray(panel._curves.y))  # bqplot keeps one line's values as a 1-D array
-    assert np.isnan(y[:, [0, -1]]).all()
-    return y[:, 1:-1]
+    assert np.isnan(y[:, [0, 1]]).all()
+    # bqplot anchors each line's label at its last point: one without a value logs a browser error.
+    assert np.isfinite(y[:, -1]).all()
+    return y[:, 2:]
 
 
 def _text(html_text: str) -> str:
@@ -169,7 +171,7 @@ def test_nice_axis_covers_the_data_with_round_ticks() -> None:
 
 
 def test_peak_tracker_trusts_the_counter_only_for_the_time_since_start() -> None:
-    tracker = PeakTracker()
+    tracker = RunningPeak()
     tracker.update(1 * GIB, counter=10 * GIB)  # the counter remembers an older 10 GiB peak
     tracker.update(2 * GIB, counter=10 * GIB)
     assert tracker.value == 2 * GIB and not tracker.exact  # sampled: a lower bound
@@ -296,8 +298,8 @@ def test_the_curves_carry_the_window_ends_and_the_x_scale_fits_them(fake: tuple[
     x_ms = np.asarray(panel._curves.x).astype("datetime64[ms]").astype(np.float64)
     # The window's two ends, around the samples as read: the scale spans exactly the frame's window.
     assert x_ms[0] == pytest.approx(frame.x_min_ms, abs=1.0)
-    assert x_ms[-1] == pytest.approx(frame.x_max_ms, abs=1.0)
-    assert x_ms[1:-1] == pytest.approx(frame.x_ms, abs=1.0)
+    assert x_ms[1] == pytest.approx(frame.x_max_ms, abs=1.0)
+    assert x_ms[2:] == pytest.approx(frame.x_ms, abs=1.0)
     assert (panel._x_scale.min, panel._x_scale.max) == (None, None)
     # Once a line is drawn, pushes send no x-scale message: the lines' own update carries the ends.
     assert updates_after[1] >= 1
@@ -326,9 +328,9 @@ def test_cell_marks_are_drawn_with_their_labels(fake: tuple[FakeSource, Monitor]
         source.allocate(GIB)
         monitor.sampler.sample_once()
     assert panel.refresh()
-    # Both lines; the marks are a moment apart, so only the newer one is labelled (the labels would overlap).
-    assert list(panel._cell_labels.text) == ["", "[8]"]
-    assert np.asarray(panel._cell_lines.x).shape == (2, 2)
+    # The marks are a moment apart: one line for both, labelled with their range (two would be a barcode).
+    assert list(panel._cell_labels.text) == ["[7\u20138]"]
+    assert np.atleast_2d(np.asarray(panel._cell_lines.x)).shape == (1, 2)  # bqplot keeps one line 1-D
     assert panel._cell_lines.visible
     assert "cell start / Free" in _text(panel._legend.value)
 

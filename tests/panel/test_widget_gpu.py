@@ -129,3 +129,48 @@ def test_allocated_curve_follows_a_training_loop_and_free_reclaims_the_cache() -
     assert "gm-c-a" in result["header"]
     assert 2 <= result["points_per_line"] <= 2000
     assert result["threads"] == []
+
+
+_PEAK_BETWEEN_SAMPLES = """
+import json, re
+import torch
+from gpumem.core.monitor import Monitor
+from gpumem.core.peaks import reset_raised_peaks
+from gpumem.panel.widget import Panel, close_all
+
+GIB = 1 << 30
+monitor = Monitor()
+keep = torch.empty(GIB // 2, dtype=torch.uint8, device="cuda:0")
+torch.cuda.synchronize(0)
+monitor.sampler.sample_once()
+panel = Panel(monitor, autostart=False)
+big = torch.empty(2 * GIB, dtype=torch.uint8, device="cuda:0")  # 2.5 GiB for an instant no sample sees
+del big
+torch.cuda.synchronize(0)
+monitor.sampler.sample_once()
+panel.refresh()
+text = lambda: re.sub(r"\\s+", " ", re.sub(r"<[^>]+>", " ", panel._header.value))
+exact = text()
+true_peak = torch.cuda.max_memory_allocated(0)
+# A measured cell resets the counter at its start (what %gpumem auto does): the panel's figure stays a
+# true peak since it opened, now a lower bound.
+reset_raised_peaks(monitor.source, monitor.snapshot().allocator)
+monitor.sampler.sample_once()
+panel.refresh()
+bound = text()
+frame = panel._last_frame
+curve_top = float(frame.y[0][frame.y[0] == frame.y[0]].max()) * frame.unit_bytes
+close_all()
+print(json.dumps({"exact": exact, "bound": bound, "true_peak": true_peak, "curve_top": curve_top}))
+"""
+
+
+def test_a_peak_between_samples_is_exact_and_explained_on_a_gpu() -> None:
+    """The card above the curve: 2.5 GiB from PyTorch's counter over a curve that stays at 0.5 GiB, and
+    it says so; after a measured cell resets the counter, the same figure as a lower bound."""
+    result = _run(_PEAK_BETWEEN_SAMPLES)
+    assert "peak since open 2.5 GiB" in result["exact"], result
+    assert "curve: 512.0 MiB, the peak fell between samples" in result["exact"], result
+    assert result["true_peak"] >= 2.5 * (1 << 30)
+    assert "peak since open ≥ 2.5 GiB" in result["bound"], result
+    assert result["curve_top"] < 0.6 * (1 << 30), result

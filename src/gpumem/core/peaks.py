@@ -26,7 +26,9 @@ __all__ = [
     "PeakFigures",
     "PeakResetCounter",
     "RunningMeasurements",
+    "RunningPeak",
     "cell_peak",
+    "kept_counter_exact",
     "reset_raised_peaks",
 ]
 
@@ -200,13 +202,26 @@ def _exactness(
         return False, PEAK_RESET_NOTE
     if _counter_covers_cell(before, reset_at_start):
         return counter_consistent, "" if counter_consistent else PEAK_RESET_NOTE
-    # Kept counters: exact only if the counter rose above its value at the start (then it rose in the cell).
     assert before is not None
-    if after.peak_allocated_bytes > before.peak_allocated_bytes and counter_consistent:
+    exact, why = kept_counter_exact(
+        before.peak_allocated_bytes, after.peak_allocated_bytes, consistent=counter_consistent, reset_seen=False
+    )
+    return exact, {"": "", "reset": PEAK_RESET_NOTE, "kept": KEPT_PEAK_NOTE}[why]
+
+
+def kept_counter_exact(start_peak: float, end_peak: float, *, consistent: bool, reset_seen: bool) -> tuple[bool, str]:
+    """The rule for a peak counter that a measurement found and kept (did not reset) when it began.
+
+    It covers the measurement exactly when it rose above its value at the start (then its maximum was
+    reached since), was not reset meanwhile (a drop is a reset), and stands at or above every sampled
+    value (``consistent``). Returns whether it is exact and, when not, why: ``"reset"`` (it fell, was
+    seen reset, or is below a sample) or ``"kept"`` (it never rose: its value predates the start).
+    """
+    if reset_seen or end_peak < start_peak or not consistent:
+        return False, "reset"
+    if end_peak > start_peak:
         return True, ""
-    if after.peak_allocated_bytes < before.peak_allocated_bytes or not counter_consistent:
-        return False, PEAK_RESET_NOTE
-    return False, KEPT_PEAK_NOTE
+    return False, "kept"
 
 
 def cell_peak(
@@ -234,3 +249,71 @@ def cell_peak(
         sampled_allocated = max(sampled_allocated, after.peak_allocated_bytes)
         sampled_reserved = max(sampled_reserved, after.peak_reserved_bytes)
     return PeakFigures(sampled_allocated, sampled_reserved, False, note)
+
+
+class RunningPeak:
+    """The highest value of one figure since a start instant (a panel opened, Reset peak), folded sample by
+    sample: the highest sample, and the peak counter judged by :func:`kept_counter_exact`.
+
+    The counter (``max_memory_allocated``, the process's peak RSS) is shared and kept: it says nothing of
+    the time since the start until it rises above its value then. Once it drops, someone reset it (a
+    measured cell does, at its start): its later values are still real peaks since the start, so they
+    still count, but the figure is a lower bound from then on.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._sampled: float | None = None
+        self._counter_start: float | None = None
+        self._counter_last: float | None = None
+        self._counter_peak: float | None = None  # highest counter value that is a peak since the start
+        self._reset_seen = False
+
+    def update(self, current: float, counter: float | None) -> None:
+        self._sampled = current if self._sampled is None else max(self._sampled, current)
+        if counter is None:
+            return
+        if self._counter_start is None:
+            self._counter_start = self._counter_last = counter
+            return
+        if self._counter_last is not None and counter < self._counter_last:
+            self._reset_seen = True
+        self._counter_last = counter
+        if self._reset_seen or counter > self._counter_start:
+            self._counter_peak = counter if self._counter_peak is None else max(self._counter_peak, counter)
+
+    def copy(self) -> RunningPeak:
+        """A copy that later updates leave alone (cheaper than copy.copy, taken every header push per device)."""
+        twin = RunningPeak.__new__(RunningPeak)
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+    @property
+    def value(self) -> float | None:
+        """The highest value known since the start: exact (:attr:`exact`) or a lower bound."""
+        sampled, counter = self._sampled, self._counter_peak
+        if sampled is None or counter is None:
+            return counter if sampled is None else sampled
+        return max(sampled, counter)
+
+    @property
+    def sampled(self) -> float | None:
+        """The highest sample since the start: what the curves drawn from the same samples reach."""
+        return self._sampled
+
+    @property
+    def exact(self) -> bool:
+        return self.why_not_exact == ""
+
+    @property
+    def why_not_exact(self) -> str:
+        """"" when exact; ``"reset"``, ``"kept"`` (see :func:`kept_counter_exact`) or ``"no counter"``."""
+        if self._counter_start is None or self._counter_last is None:
+            return "no counter"
+        end = self._counter_peak if self._counter_peak is not None else self._counter_last
+        _exact, why = kept_counter_exact(
+            self._counter_start, end, consistent=end >= (self._sampled or 0), reset_seen=self._reset_seen
+        )
+        return why

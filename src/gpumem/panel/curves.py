@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import html
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -29,8 +30,9 @@ __all__ = [
     "build_curve_frame",
     "choose_curves",
     "curve_interval_s",
+    "group_marks",
     "header_interval_s",
-    "label_spaced_marks",
+    "layout_marks",
     "nice_axis",
     "read_resolution_s",
     "render_legend",
@@ -51,6 +53,12 @@ MAX_CELL_MARKS = 40
 # Room between two cell-marker labels, and the width of one character of their 11 px font (a bound).
 MARK_LABEL_GAP_PX = 6
 MARK_LABEL_CHAR_PX = 7.0
+# A label ends this far left of its line (the Label mark's x_offset) and takes this band at the plot's top
+# (its text is centred 11 px below the top, the Label mark's y_offset; its box is about 15 px high).
+MARK_LABEL_OFFSET_PX = 3
+MARK_LABEL_BAND_PX = 20
+# Cell marks closer than this to the first of a run of them are drawn as one line, labelled "[first-last]".
+MARK_GROUP_PX = 8.0
 # Bytes added to each pushed message on top of its arrays (JSON state and the Jupyter message header).
 MESSAGE_OVERHEAD_BYTES = 900
 # The window "all" is pushed at most this often; with no fixed span there is no scroll speed to follow.
@@ -135,6 +143,11 @@ class CurveFrame(NamedTuple):
     capacity_off_scale: tuple[float, ...]  # capacities above the y range, in bytes
     mark_x_ms: np.ndarray
     mark_labels: tuple[str, ...]
+    # Per mark, how high its line reaches, as a fraction of y_max (empty: all the way up). A line that
+    # would cross another mark's label stops under the labels' band.
+    mark_tops: tuple[float, ...] = ()
+    # Per mark, whether its label is drawn right of its line (where it does not fit on the left).
+    mark_label_right: tuple[bool, ...] = ()
 
     @property
     def points_per_line(self) -> int:
@@ -192,11 +205,13 @@ def build_curve_frame(
     finite = data[np.isfinite(data)]
     data_max = float(finite.max()) if finite.size else 0.0
     caps = [capacities[d] for d in shown_devices if capacities.get(d)]
-    top = data_max * 1.08
+    # Room above the highest line for the marker labels' band: no curve or capacity line crosses a label.
+    headroom = 1.0 / (1.0 - MARK_LABEL_BAND_PX / max(options.plot_height_px, 2 * MARK_LABEL_BAND_PX))
+    top = data_max * max(1.08, headroom)
     if caps and (options.full_scale or max(caps) <= data_max * 1.6):
-        top = max(top, max(caps) * 1.02)
+        top = max(top, max(caps) * max(1.02, headroom))
     elif options.full_scale and not shown_devices and host_total_bytes and any(c.channel == "host/rss" for c in curves):
-        top = max(top, host_total_bytes * 1.02)
+        top = max(top, host_total_bytes * max(1.02, headroom))
     unit, unit_bytes = _unit_for(max(top, data_max))
     y_max, y_ticks = nice_axis(top / unit_bytes)
     x_min = _x_min(options.window_s, times, now_s)
@@ -233,26 +248,79 @@ def with_span_mark(frame: CurveFrame, time_s: float | None, label: str, wall_off
     return frame._replace(mark_x_ms=np.concatenate((marks[:at], (x_ms,), marks[at:])), mark_labels=labels)
 
 
-def label_spaced_marks(frame: CurveFrame, plot_width_px: float) -> CurveFrame:
-    """``frame`` with the labels of marks too close to a newer labelled one blanked ("" is drawn as nothing).
+_CELL_LABEL = re.compile(r"\[(\d+)\]")
+_CELL_OR_GROUP_LABEL = re.compile(r"\[\d+(?:\u2013\d+)?\]")
 
-    Every mark keeps its line. A label ends just left of its line, so the newest is kept and an older
-    one only where it ends left of the kept label's start, at ``plot_width_px`` (a lower bound of the
-    real width: wider plots only spread them further).
+
+def group_marks(frame: CurveFrame, plot_width_px: float) -> CurveFrame:
+    """``frame`` with each run of cell marks closer than :data:`MARK_GROUP_PX` to the run's first one
+    (at ``plot_width_px``, the narrowest the plot is drawn) drawn as one line at that first mark, labelled
+    ``[first-last]``: dense cells make one readable mark, not a barcode. Other marks (the panel opened, a
+    Free) stay apart."""
+    span_ms = frame.x_max_ms - frame.x_min_ms
+    if len(frame.mark_labels) < 2 or span_ms <= 0:  # noqa: PLR2004
+        return frame
+    positions = (frame.mark_x_ms - frame.x_min_ms) / span_ms * plot_width_px
+    xs: list[float] = []
+    labels: list[str] = []
+    run: list[str] = []  # the cell numbers of the run being grouped
+    run_at, run_px = -1, -math.inf  # its mark's index in ``labels`` and its position
+    for x_ms, px, label in zip(frame.mark_x_ms.tolist(), positions.tolist(), frame.mark_labels, strict=True):
+        cell = _CELL_LABEL.fullmatch(label)
+        if cell is not None and run and px - run_px < MARK_GROUP_PX:
+            run.append(cell.group(1))
+            labels[run_at] = f"[{run[0]}\u2013{run[-1]}]"
+            continue
+        xs.append(x_ms)
+        labels.append(label)
+        if cell is not None:  # a named mark (a Free) inside a run of cells leaves the run going
+            run, run_at, run_px = [cell.group(1)], len(labels) - 1, px
+    if len(xs) == len(frame.mark_labels):
+        return frame
+    return frame._replace(mark_x_ms=np.asarray(xs, dtype=np.float64), mark_labels=tuple(labels), mark_tops=())
+
+
+def layout_marks(frame: CurveFrame, plot_width_px: float, plot_height_px: float) -> CurveFrame:
+    """``frame`` with its marks grouped (:func:`group_marks`), the labels that do not fit blanked ("" is
+    drawn as nothing) and the lines that would cross a label shortened under the labels' band.
+
+    A label ends just left of its line, or starts just right of it where the left has no room. Labels are
+    placed in order of importance: where the peaks start (the panel opened, peak reset) and other named
+    marks (a Free) first, then cells, newest first; one is kept only where it stays inside the plot and
+    clear of the labels kept before it, at ``plot_width_px`` (a lower bound of the real width: a wider plot
+    only spreads them further).
     """
+    frame = group_marks(frame, plot_width_px)
     span_ms = frame.x_max_ms - frame.x_min_ms
     if not frame.mark_labels or span_ms <= 0:
         return frame
-    positions = (frame.mark_x_ms - frame.x_min_ms) / span_ms * plot_width_px
+    positions = ((frame.mark_x_ms - frame.x_min_ms) / span_ms * plot_width_px).tolist()
     labels = list(frame.mark_labels)
-    next_start = math.inf  # where the newest kept label begins (px)
-    for index in range(len(labels) - 1, -1, -1):
+    named = [i for i in range(len(labels) - 1, -1, -1) if not _CELL_OR_GROUP_LABEL.fullmatch(labels[i])]
+    order = named + [i for i in range(len(labels) - 1, -1, -1) if i not in named]
+    boxes: dict[int, tuple[float, float]] = {}
+    on_right = [False] * len(labels)
+    for index in order:
         width = len(labels[index]) * MARK_LABEL_CHAR_PX
-        if positions[index] + MARK_LABEL_GAP_PX <= next_start and positions[index] - width >= 0:
-            next_start = positions[index] - width
+        end = positions[index] - MARK_LABEL_OFFSET_PX
+        start = positions[index] + MARK_LABEL_OFFSET_PX
+        for left, right, is_right in ((end - width, end, False), (start, start + width, True)):
+            if labels[index] and left >= 0 and right <= plot_width_px and _clear(left, right, boxes.values()):
+                boxes[index], on_right[index] = (left, right), is_right
+                break
         else:
             labels[index] = ""
-    return frame._replace(mark_labels=tuple(labels))
+    under_band = 1.0 - MARK_LABEL_BAND_PX / max(plot_height_px, 2 * MARK_LABEL_BAND_PX)
+    tops = tuple(
+        under_band if any(lft - 1 <= px <= r + 1 for j, (lft, r) in boxes.items() if j != i) else 1.0
+        for i, px in enumerate(positions)
+    )
+    return frame._replace(mark_labels=tuple(labels), mark_tops=tops, mark_label_right=tuple(on_right))
+
+
+def _clear(left: float, right: float, boxes: Iterable[tuple[float, float]]) -> bool:
+    """Whether the label box ``left..right`` keeps the gap from every box in ``boxes``."""
+    return all(left >= r + MARK_LABEL_GAP_PX or right + MARK_LABEL_GAP_PX <= lft for lft, r in boxes)
 
 
 def read_resolution_s(window_s: float | None) -> float:

@@ -22,7 +22,7 @@ Status bar: comm target ``gpumem.status`` (:data:`STATUS_TARGET`), opened by eit
 
       {"devices": [{"index": 0, "name": "NVIDIA H200", "allocated_bytes": 1, "reserved_bytes": 2,
                     "total_bytes": 3}],
-       "host": {"rss_bytes": 4}, "cuda_in_use": true}
+       "host": {"rss_bytes": 4}, "cuda_in_use": true, "docked_model_id": "<id, while the docked panel is open>"}
 
   at most once a second while a comm is open, when the figures changed, and ``{"sidebar_model_id": "<id>"}`` or
   ``{"sidebar_error": "<message>"}`` in answer to a sidebar request.
@@ -61,6 +61,7 @@ from typing import Any
 
 from gpumem.panel.routing import Route, route_comm
 from gpumem.panel.status import StatusPayload, StatusReader
+from gpumem.panel.writer import docked_model_id, note_docked
 
 __all__ = [
     "INLINE_NOTE",
@@ -105,7 +106,6 @@ _AT_LEAST_TO_COMPARE = 2
 # Panel model id -> the inline wrapper last displayed for it (closed when replaced).
 _inline_wrappers: dict[str, Any] = {}
 
-
 def sidebar_bundle(panel_model_id: str, inline_model_id: str | None = None) -> dict[str, Any]:
     """The mime bundle of a ``%gpumem sidebar`` output (``inline_model_id`` defaults to the panel's)."""
     return {
@@ -148,6 +148,7 @@ def show_sidebar(panel_widget: Any, *, note: str | None = None) -> None:
         previous.children = ()
         previous.close()
     _inline_wrappers[model_id] = wrapper
+    note_docked(panel_widget)
     display(sidebar_bundle(model_id, wrapper.model_id), raw=True)  # type: ignore[no-untyped-call]
 
 
@@ -406,6 +407,7 @@ def _answer_sidebar(entry: _StatusComm) -> None:
     except Exception as exc:
         _send(entry, {"sidebar_error": f"Could not create the GPU memory panel: {exc!r}"})
         return
+    note_docked(widget)
     _send(entry, {"sidebar_model_id": str(model_id)})
 
 
@@ -473,12 +475,14 @@ def default_status_payload() -> StatusPayload:
 
 
 def _build_payload() -> StatusPayload:
-    """The provider's payload, else (also when the provider fails) the default one."""
-    provider = _provider
-    if provider is not None:
-        with contextlib.suppress(Exception):
-            return provider()
-    return default_status_payload()
+    """The provider's payload, else (also when the provider fails) the default one; with the docked
+    panel's model id while it is open."""
+    payload: StatusPayload | None = None
+    with contextlib.suppress(Exception):
+        payload = _provider() if _provider is not None else None
+    payload = payload if payload is not None else default_status_payload()
+    docked = docked_model_id()
+    return {**payload, "docked_model_id": docked} if docked is not None else payload
 
 
 def _ensure_publisher() -> None:

@@ -11,9 +11,10 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from gpumem.core.peaks import RunningPeak
 from gpumem.core.sources import DeviceInfo, Snapshot
 from gpumem.core.units import format_bytes
-from gpumem.panel.readings import PeakTracker, capacities_of, device_indices
+from gpumem.panel.readings import capacities_of, device_indices
 
 __all__ = ["RECORDING_SPAN", "DeviceFigures", "HeaderModel", "HostFigures", "build_header", "render_header"]
 
@@ -29,6 +30,8 @@ class DeviceFigures(NamedTuple):
     total_bytes: int | None
     peak_allocated_bytes: int | None  # since the panel opened (or Reset peak)
     peak_exact: bool
+    peak_sampled_bytes: int | None = None  # the highest sample since then: what the curve reaches
+    peak_why: str = ""  # why the peak is not exact (RunningPeak.why_not_exact), "" when it is
 
     @property
     def cached_free_bytes(self) -> int | None:
@@ -53,6 +56,8 @@ class HostFigures(NamedTuple):
     peak_exact: bool
     available_bytes: int
     total_bytes: int
+    peak_sampled_bytes: int | None = None
+    peak_why: str = ""
 
 
 class HeaderModel(NamedTuple):
@@ -75,8 +80,8 @@ def _reason(status: Mapping[str, str], key: str) -> str | None:
 def build_header(
     snapshot: Snapshot | None,
     infos: Mapping[int, DeviceInfo | None],
-    device_peaks: Mapping[int, PeakTracker],
-    host_peak: PeakTracker | None,
+    device_peaks: Mapping[int, RunningPeak],
+    host_peak: RunningPeak | None,
     status: Mapping[str, str],
     device: int | None = None,
     *,
@@ -105,6 +110,8 @@ def build_header(
             peak_exact=host_peak.exact if host_peak is not None else False,
             available_bytes=snapshot.host.available_bytes,
             total_bytes=snapshot.host.total_bytes,
+            peak_sampled_bytes=_int_or_none(host_peak.sampled) if host_peak is not None else None,
+            peak_why=host_peak.why_not_exact if host_peak is not None else "no counter",
         )
     elif not indices:
         notes.append(_sentence(f"Host memory: {_reason(status, 'host') or 'unavailable'}"))
@@ -126,7 +133,7 @@ def _device_notes(snapshot: Snapshot, indices: Sequence[int], status: Mapping[st
 
 
 def _device_figures(
-    snapshot: Snapshot, index: int, info: DeviceInfo | None, total: int | None, tracker: PeakTracker | None
+    snapshot: Snapshot, index: int, info: DeviceInfo | None, total: int | None, tracker: RunningPeak | None
 ) -> DeviceFigures:
     allocator = snapshot.allocator_for(index)
     nvml = snapshot.device_for(index)
@@ -139,6 +146,8 @@ def _device_figures(
         total_bytes=total,
         peak_allocated_bytes=_int_or_none(tracker.value) if tracker is not None and allocator else None,
         peak_exact=tracker.exact if tracker is not None else False,
+        peak_sampled_bytes=_int_or_none(tracker.sampled) if tracker is not None and allocator else None,
+        peak_why=tracker.why_not_exact if tracker is not None else "no counter",
     )
 
 
@@ -160,11 +169,50 @@ def _peak(value: int | None, exact: bool) -> str:
     return format_bytes(value) if exact else f"≥ {format_bytes(value)}"
 
 
-_PEAK_TIP = (
-    "Highest PyTorch allocation since the mark on the curves (the panel opened, or Reset peak); the curves also "
-    "show samples from before it. Exact when PyTorch's own peak counter covers that time; '≥' marks the highest "
-    "sampled value, a lower bound."
-)
+_PEAK_WHY = {
+    "": "Exact: the peak counter ({counter}) has covered the whole time since the mark.",
+    "reset": (
+        "'≥' marks a lower bound: the peak counter was reset since the mark (gpumem resets it when a measured "
+        "cell starts, and so does torch.cuda.reset_peak_memory_stats), so it does not cover the whole time since; "
+        "shown is the highest value the samples and the counter since its reset saw."
+    ),
+    "kept": (
+        "'≥' marks a lower bound: the peak counter has not risen above the value it held when the mark was "
+        "set, so it says nothing of the time since; shown is the highest sample."
+    ),
+    "no counter": "'≥' marks a lower bound: no peak counter is read here; shown is the highest sample.",
+    "either": (
+        "Exact when the peak counter ({counter}) has covered the whole time since; '≥' marks a lower bound "
+        "(hover a figure to see why)."
+    ),
+}
+
+
+_COUNTERS = {
+    "PyTorch allocation": "torch.cuda.max_memory_allocated",
+    "resident memory (RSS)": "the process's peak RSS, which the OS keeps",
+}
+
+
+def _peak_tip(model: HeaderModel, what: str, why: str) -> str:
+    """The hover text of a peak: what it covers, whether it is exact and why, and how the curves differ."""
+    if model.peak_span == RECORDING_SPAN:
+        return _RECORDING_TIP.format(what=what)
+    return (
+        f"Highest {what} since the “{model.peak_span}” mark on the curves. "
+        f"{_PEAK_WHY.get(why, '').format(counter=_COUNTERS.get(what, 'its own'))} "
+        "The curves are samples: a peak between two samples is not on them, and they also show samples from "
+        "before the mark."
+    )
+
+
+def _peak_gap(value: int | None, sampled: int | None) -> str:
+    """Where the peak stands above the curves' highest sample since the mark: a sentence saying so, else ""."""
+    if value is None or sampled is None or format_bytes(value) == format_bytes(sampled):
+        return ""
+    return f"curve: {format_bytes(sampled)}, the peak fell between samples"
+
+
 _CACHED_TIP = (
     "reserved - allocated: held by PyTorch's cache, used by no tensor. Later allocations reuse it; it is "
     "fragmentation only when no free piece is large enough for a request (gpumem warns under the cell then, "
@@ -175,7 +223,7 @@ _CACHED_TIP = (
 # The peak_span of a loaded session's header: its peaks are over the whole recording.
 RECORDING_SPAN = "recording"
 _RECORDING_TIP = (
-    "Highest PyTorch allocation of the recorded session that is known: the curve's highest sample and each "
+    "Highest {what} of the recorded session that is known: the curve's highest sample and each "
     "measured cell's exact peak. A lower bound ('≥'): between measured cells the allocator's peak was not read."
 )
 
@@ -193,15 +241,13 @@ def _peak_sub(model: HeaderModel) -> str:
     return f"from the \u201c{model.peak_span}\u201d mark"
 
 
-def _peak_tip(model: HeaderModel) -> str:
-    return _RECORDING_TIP if model.peak_span == RECORDING_SPAN else _PEAK_TIP
-
-
 _USED_TIP = "Whole device as NVML reports it: every process, CUDA contexts included."
 
 
-def _card(label: str, value: str, tip: str, css: str = "", sub: str = "") -> str:
+def _card(label: str, value: str, tip: str, css: str = "", sub: str = "", note: str = "") -> str:
     sub_html = f'<div class="gm-sub">{html.escape(sub)}</div>' if sub else ""
+    if note:
+        sub_html += f'<div class="gm-sub gm-peak-gap">{html.escape(note)}</div>'
     return (
         f'<div class="gm-card {css}" title="{html.escape(tip)}"><div class="gm-label">{html.escape(label)}</div>'
         f'<div class="gm-value">{html.escape(value)}</div>{sub_html}</div>'
@@ -240,9 +286,12 @@ def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
     if model.host is not None:
         host = model.host
         if model.devices:
+            tip = html.escape(_peak_tip(model, "resident memory (RSS)", host.peak_why))
+            gap = _peak_gap(host.peak_rss_bytes, host.peak_sampled_bytes)
             parts.append(
-                f'<div class="gm-host">Host: RSS {format_bytes(host.rss_bytes)} · {_peak_label(model)} '
-                f"{_peak(host.peak_rss_bytes, host.peak_exact)} · machine {format_bytes(host.total_bytes)}, "
+                f'<div class="gm-host">Host: RSS {format_bytes(host.rss_bytes)} · <span title="{tip}">'
+                f"{_peak_label(model)} {_peak(host.peak_rss_bytes, host.peak_exact)}"
+                f"{f' ({html.escape(gap)})' if gap else ''}</span> · machine {format_bytes(host.total_bytes)}, "
                 f"{format_bytes(host.available_bytes)} available</div>"
             )
         else:
@@ -254,9 +303,9 @@ def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
                 _card(
                     _peak_label(model),
                     _peak(host.peak_rss_bytes, host.peak_exact),
-                    "Highest RSS since the mark on the curves: the panel opened, or Reset peak ('≥': highest "
-                    "sampled value).",
+                    _peak_tip(model, "resident memory (RSS)", host.peak_why),
                     sub=_peak_sub(model),
+                    note=_peak_gap(host.peak_rss_bytes, host.peak_sampled_bytes),
                 )
             )
             parts.append(
@@ -271,6 +320,11 @@ def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
     parts.extend(f'<div class="gm-note">{html.escape(note)}</div>' for note in model.notes)
     parts.append("</div>")
     return "".join(parts), alert
+
+
+def _gap_html(value: int | None, sampled: int | None) -> str:
+    gap = _peak_gap(value, sampled)
+    return f'<div class="gm-sub gm-peak-gap">{html.escape(gap)}</div>' if gap else ""
 
 
 def _device_title(figures: DeviceFigures) -> str:
@@ -310,8 +364,9 @@ def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: float)
         _card(
             _peak_label(model),
             _peak(figures.peak_allocated_bytes, figures.peak_exact),
-            _peak_tip(model),
+            _peak_tip(model, "PyTorch allocation", figures.peak_why),
             sub=_peak_sub(model),
+            note=_peak_gap(figures.peak_allocated_bytes, figures.peak_sampled_bytes),
         ),
         _card("cached, unallocated", _size(figures.cached_free_bytes), _CACHED_TIP, sub="reserved - allocated"),
     ]
@@ -326,7 +381,7 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
     devices = model.devices
     peak, cached = _peak_label(model), "cached, unallocated"
     titles = ("device", "allocated", "reserved", "device used", "of capacity", peak, cached)
-    tips = {peak: _peak_tip(model), cached: _CACHED_TIP}
+    tips = {peak: _peak_tip(model, "PyTorch allocation", "either"), cached: _CACHED_TIP}
     head = "".join(f'<th title="{html.escape(tips.get(h, ""))}">{h}</th>' for h in titles)
     rows: list[str] = []
     for f in devices:
@@ -339,7 +394,11 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
             f"<td>{_size(f.reserved_bytes)}</td>",
             f'<td title="{html.escape(_USED_TIP)}">{_size(f.used_bytes)} / {_size(f.total_bytes)}</td>',
             f"<td>{'n/a' if fraction is None else f'{100 * fraction:.1f} %'}</td>",
-            f"<td>{html.escape(_peak(f.peak_allocated_bytes, f.peak_exact))}</td>",
+            (
+                f'<td title="{html.escape(_peak_tip(model, "PyTorch allocation", f.peak_why))}">'
+                f"{html.escape(_peak(f.peak_allocated_bytes, f.peak_exact))}"
+                f"{_gap_html(f.peak_allocated_bytes, f.peak_sampled_bytes)}</td>"
+            ),
             f"<td>{_size(f.cached_free_bytes)}</td>",
         )
         rows.append(f'<tr class="{"gm-row-alert" if alert else ""}">{"".join(cells)}</tr>')

@@ -13,14 +13,15 @@ from __future__ import annotations
 import math
 import weakref
 
+from gpumem.core.peaks import RunningPeak
 from gpumem.core.sampler import channel_device
 from gpumem.core.session_io import SessionData
 from gpumem.core.sources import DeviceInfo
 from gpumem.core.timeline import Timeline
-from gpumem.panel.curves import build_curve_frame, label_spaced_marks
+from gpumem.panel.curves import build_curve_frame, layout_marks
 from gpumem.panel.header import RECORDING_SPAN, build_header, render_header
 from gpumem.panel.options import COMPACT_PLOT_WIDTH_PX, PanelOptions, make_options
-from gpumem.panel.readings import PeakTracker, capacities_of
+from gpumem.panel.readings import capacities_of
 from gpumem.panel.view import PanelView
 
 __all__ = ["LoadedPanel", "close_loaded"]
@@ -92,7 +93,7 @@ class LoadedPanel(PanelView):
         )
         self.show_header(render_header(model, self._options.threshold)[0])
 
-    def _peak(self, device: int) -> PeakTracker:
+    def _peak(self, device: int) -> RunningPeak:
         """The highest allocated of the recording that is known: the curve's, and each measured cell's exact
         peak (a lower bound: between cells the allocator's peak was not read)."""
         cells = [
@@ -111,7 +112,7 @@ class LoadedPanel(PanelView):
         frame = build_curve_frame(
             self._timeline, self._options, self._end_s, self._data.wall_offset_s or 0.0, capacities, host_total
         )
-        self.show_frame(label_spaced_marks(frame, self._options.plot_width_px))
+        self.show_frame(layout_marks(frame, self._options.plot_width_px, self._options.plot_height_px))
 
     def close(self) -> None:
         _shown.discard(self)
@@ -146,9 +147,9 @@ def _highest(data: SessionData, channel: str) -> float | None:
     return max((v for v in data.timeline.values.get(channel, ()) if not math.isnan(v)), default=None)
 
 
-def _tracker(values: list[float | None]) -> PeakTracker:
+def _tracker(values: list[float | None]) -> RunningPeak:
     """A peak that is a lower bound: the highest of ``values`` (never exact, as '≥' shows)."""
-    tracker = PeakTracker()
+    tracker = RunningPeak()
     for value in values:
         if value is not None:
             tracker.update(value, None)

@@ -13,21 +13,27 @@ from typing import NamedTuple
 from gpumem.core.devices import parse_cuda_device
 
 __all__ = [
+    "COMPACT_FIGURE_HEIGHT_PX",
     "COMPACT_FIGURE_MIN_WIDTH_PX",
+    "COMPACT_PLOT_HEIGHT_PX",
     "COMPACT_PLOT_WIDTH_PX",
     "DEFAULT_BUDGET_BYTES_PER_S",
     "DEFAULT_POINTS_PER_LINE",
     "DEFAULT_RATE_HZ",
     "DEFAULT_THRESHOLD",
     "DEFAULT_WINDOW_S",
+    "INLINE_FIGURE_HEIGHT_PX",
     "INLINE_FIGURE_MIN_WIDTH_PX",
+    "INLINE_PLOT_HEIGHT_PX",
     "INLINE_PLOT_WIDTH_PX",
     "MAX_POINTS_PER_LINE",
     "MAX_RATE_HZ",
     "MIN_POINTS_PER_LINE",
     "MIN_RATE_HZ",
+    "PLOT_MARGIN_BOTTOM_PX",
     "PLOT_MARGIN_LEFT_PX",
     "PLOT_MARGIN_RIGHT_PX",
+    "PLOT_MARGIN_TOP_PX",
     "WINDOW_PRESETS",
     "PanelOptions",
     "make_options",
@@ -69,6 +75,14 @@ INLINE_FIGURE_MIN_WIDTH_PX = 480
 COMPACT_FIGURE_MIN_WIDTH_PX = 200
 INLINE_PLOT_WIDTH_PX = INLINE_FIGURE_MIN_WIDTH_PX - PLOT_MARGIN_LEFT_PX - PLOT_MARGIN_RIGHT_PX
 COMPACT_PLOT_WIDTH_PX = COMPACT_FIGURE_MIN_WIDTH_PX - PLOT_MARGIN_LEFT_PX - PLOT_MARGIN_RIGHT_PX
+# The figure's height, and the plot's inside it (less the top and bottom margins): the band the marker
+# labels take at the top of the plot is a fraction of it.
+PLOT_MARGIN_TOP_PX = 10
+PLOT_MARGIN_BOTTOM_PX = 26
+INLINE_FIGURE_HEIGHT_PX = 250
+COMPACT_FIGURE_HEIGHT_PX = 200
+INLINE_PLOT_HEIGHT_PX = INLINE_FIGURE_HEIGHT_PX - PLOT_MARGIN_TOP_PX - PLOT_MARGIN_BOTTOM_PX
+COMPACT_PLOT_HEIGHT_PX = COMPACT_FIGURE_HEIGHT_PX - PLOT_MARGIN_TOP_PX - PLOT_MARGIN_BOTTOM_PX
 
 
 class PanelOptions(NamedTuple):
@@ -83,6 +97,7 @@ class PanelOptions(NamedTuple):
     points_per_line: int = DEFAULT_POINTS_PER_LINE
     budget_bytes_per_s: int = DEFAULT_BUDGET_BYTES_PER_S
     plot_width_px: int = INLINE_PLOT_WIDTH_PX  # the narrowest width the plot is drawn at
+    plot_height_px: int = INLINE_PLOT_HEIGHT_PX
 
 
 def make_options(

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 
 from gpumem.core.monitor import Monitor
+from gpumem.core.peaks import RunningPeak
 from gpumem.core.sampler import Sampler
 from gpumem.core.sources import DeviceInfo, Snapshot
 
 __all__ = [
     "SAMPLE_LATE_S",
-    "PeakTracker",
     "PeaksSinceOpen",
     "Readings",
     "SampleBeat",
@@ -30,68 +30,17 @@ __all__ = [
 ]
 
 
-class PeakTracker:
-    """Highest value since a start instant, from samples and a monotone peak counter.
-
-    The allocator's peak counter is exact but may predate the start (then it says nothing about
-    the time since) or be reset by someone else. It is trusted once it rises above its value at the
-    start, or once it drops (a reset happened after the start). Otherwise the highest sampled value
-    is shown as a lower bound (``exact`` is False).
-    """
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self._sampled: float | None = None
-        self._counter_start: float | None = None
-        self._counter_last: float | None = None
-        self._counter_peak: float | None = None
-        self._was_reset = False
-
-    def update(self, current: float, counter: float | None) -> None:
-        self._sampled = current if self._sampled is None else max(self._sampled, current)
-        if counter is None:
-            return
-        if self._counter_start is None:
-            self._counter_start = self._counter_last = counter
-            return
-        last = self._counter_last if self._counter_last is not None else counter
-        if counter < last:
-            self._was_reset = True
-        self._counter_last = counter
-        if self._was_reset or counter > self._counter_start:
-            self._counter_peak = counter if self._counter_peak is None else max(self._counter_peak, counter)
-
-    def copy(self) -> PeakTracker:
-        """A copy that later updates leave alone (cheaper than copy.copy, taken every header push per device)."""
-        twin = PeakTracker.__new__(PeakTracker)
-        twin.__dict__.update(self.__dict__)
-        return twin
-
-    @property
-    def value(self) -> float | None:
-        sampled, counter = self._sampled, self._counter_peak
-        if sampled is None or counter is None:
-            return counter if sampled is None else sampled
-        return max(sampled, counter)
-
-    @property
-    def exact(self) -> bool:
-        """True when the counter has covered the whole time since the start without a reset."""
-        return self._counter_peak is not None and not self._was_reset and self._counter_peak >= (self._sampled or 0)
-
-
 class PeaksSinceOpen:
-    """Per device and for the host: the peak since the panel opened (or Reset peak)."""
+    """Per device and for the host: the peak since the panel opened (or Reset peak), each judged exact or
+    not by core's one rule (:class:`gpumem.core.peaks.RunningPeak`)."""
 
     OPENED = "panel opened"
     RESET = "peak reset"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._devices: dict[int, PeakTracker] = {}
-        self._host = PeakTracker()
+        self._devices: dict[int, RunningPeak] = {}
+        self._host = RunningPeak()
         self._since_s: float | None = None  # monotonic instant of the span's first snapshot
         self._since_label = self.OPENED
 
@@ -109,7 +58,7 @@ class PeaksSinceOpen:
             for reading in snapshot.allocator:
                 tracker = self._devices.get(reading.device)
                 if tracker is None:
-                    tracker = self._devices[reading.device] = PeakTracker()
+                    tracker = self._devices[reading.device] = RunningPeak()
                 tracker.update(reading.allocated_bytes, reading.peak_allocated_bytes)
             if snapshot.host is not None:
                 self._host.update(snapshot.host.rss_bytes, snapshot.host.peak_rss_bytes)
@@ -124,7 +73,7 @@ class PeaksSinceOpen:
         if baseline is not None:
             self.note(baseline)
 
-    def frozen(self) -> tuple[dict[int, PeakTracker], PeakTracker]:
+    def frozen(self) -> tuple[dict[int, RunningPeak], RunningPeak]:
         """Copies the writer can read while the sampler thread keeps updating the originals."""
         with self._lock:
             return {index: tracker.copy() for index, tracker in self._devices.items()}, self._host.copy()

@@ -20,11 +20,15 @@ import numpy as np
 from gpumem.core.sources import DeviceInfo
 from gpumem.panel.curves import CAPACITY_COLOR, MARK_COLOR, CurveFrame, render_legend
 from gpumem.panel.options import (
+    COMPACT_FIGURE_HEIGHT_PX,
     COMPACT_FIGURE_MIN_WIDTH_PX,
     DEFAULT_WINDOW_S,
+    INLINE_FIGURE_HEIGHT_PX,
     INLINE_FIGURE_MIN_WIDTH_PX,
+    PLOT_MARGIN_BOTTOM_PX,
     PLOT_MARGIN_LEFT_PX,
     PLOT_MARGIN_RIGHT_PX,
+    PLOT_MARGIN_TOP_PX,
     WINDOW_PRESETS,
     PanelOptions,
     window_label,
@@ -174,18 +178,29 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             x=np.zeros(0), y=np.zeros(0), text=np.zeros(0, dtype=str), scales=scales, colors=[MARK_COLOR],
             default_size=11.0, align="end", x_offset=-3, y_offset=11, visible=False,
         )  # fmt: skip
+        # The labels with no room left of their line, drawn right of it.
+        self._cell_labels_right = bqplot.Label(
+            x=np.zeros(0), y=np.zeros(0), text=np.zeros(0, dtype=str), scales=scales, colors=[MARK_COLOR],
+            default_size=11.0, align="start", x_offset=3, y_offset=11, visible=False,
+        )  # fmt: skip
         min_width = COMPACT_FIGURE_MIN_WIDTH_PX if compact else INLINE_FIGURE_MIN_WIDTH_PX
+        height = COMPACT_FIGURE_HEIGHT_PX if compact else INLINE_FIGURE_HEIGHT_PX
         return bqplot.Figure(
-            marks=[self._cell_lines, self._curves, self._capacity, self._cell_labels],
+            marks=[self._cell_lines, self._curves, self._capacity, self._cell_labels, self._cell_labels_right],
             axes=[self._x_axis, self._y_axis],
-            fig_margin={"top": 10, "bottom": 26, "left": PLOT_MARGIN_LEFT_PX, "right": PLOT_MARGIN_RIGHT_PX},
+            fig_margin={
+                "top": PLOT_MARGIN_TOP_PX,
+                "bottom": PLOT_MARGIN_BOTTOM_PX,
+                "left": PLOT_MARGIN_LEFT_PX,
+                "right": PLOT_MARGIN_RIGHT_PX,
+            },
             padding_y=0.0,
             animation_duration=0,
             display_toolbar=False,
             min_aspect_ratio=0.0,
             max_aspect_ratio=100.0,
             # Marker labels are spaced for the narrowest plot this min-width allows.
-            layout=widgets.Layout(width="100%", height="200px" if compact else "250px", min_width=f"{min_width}px"),
+            layout=widgets.Layout(width="100%", height=f"{height}px", min_width=f"{min_width}px"),
         )
 
     def _build_controls(self, options: PanelOptions) -> tuple[Any, Any]:
@@ -361,12 +376,14 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
 
     def _show_lines(self, frame: CurveFrame) -> None:
         if _draws_lines(frame):
-            # A point with no value at each end of the window: nothing is drawn there, but the x scale spans it.
+            # A point with no value at each end of the window: nothing is drawn there, but the x scale spans
+            # it. Both go first: bqplot places each line's (hidden) label at its LAST point, and a point
+            # without a value there makes the browser log "translate(x,undefined)" at every push.
             with self._curves.hold_sync():
                 x_ms = np.empty(frame.x_ms.size + 2)
-                x_ms[0], x_ms[1:-1], x_ms[-1] = frame.x_min_ms, frame.x_ms, frame.x_max_ms
+                x_ms[0], x_ms[1], x_ms[2:] = frame.x_min_ms, frame.x_max_ms, frame.x_ms
                 y = np.full((frame.y.shape[0], frame.y.shape[1] + 2), np.nan, dtype=frame.y.dtype)
-                y[:, 1:-1] = frame.y
+                y[:, 2:] = frame.y
                 self._curves.x = _dates(x_ms)
                 self._curves.y = y
                 if frame.curves != self._last_curves or not self._curves.visible:
@@ -389,7 +406,7 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
             self._capacity.visible = False
 
     def _show_marks(self, frame: CurveFrame) -> None:
-        marks_key = (frame.mark_x_ms.tobytes(), frame.mark_labels, frame.y_max)
+        marks_key = (frame.mark_x_ms.tobytes(), frame.mark_labels, frame.mark_tops, frame.mark_label_right, frame.y_max)
         if marks_key == self._last_marks_key:
             return
         self._last_marks_key = marks_key
@@ -397,13 +414,23 @@ class PanelView(widgets.VBox):  # type: ignore[misc]
         # Emptied, not only hidden, when there are none: the x scale fits itself to every mark's dates.
         with self._cell_lines.hold_sync():
             self._cell_lines.x = _dates(np.repeat(frame.mark_x_ms[:, None], 2, axis=1))
-            self._cell_lines.y = np.tile(np.array([0.0, frame.y_max], dtype=np.float32), (count, 1))
+            tops = np.asarray(frame.mark_tops if len(frame.mark_tops) == count else [1.0] * count, dtype=np.float32)
+            y = np.zeros((count, 2), dtype=np.float32)
+            y[:, 1] = tops * frame.y_max
+            self._cell_lines.y = y
             self._cell_lines.visible = count > 0
-        with self._cell_labels.hold_sync():
-            self._cell_labels.x = _dates(frame.mark_x_ms)
-            self._cell_labels.y = np.full(count, frame.y_max, dtype=np.float32)
-            self._cell_labels.text = np.array(frame.mark_labels, dtype=str)
-            self._cell_labels.visible = count > 0
+        right = frame.mark_label_right if len(frame.mark_label_right) == count else (False,) * count
+        for mark, side in ((self._cell_labels, False), (self._cell_labels_right, True)):
+            texts = [text if on_right == side else "" for text, on_right in zip(frame.mark_labels, right, strict=True)]
+            # Emptied too when it draws nothing (the x scale fits every mark's dates), once: then no message.
+            drawn = count if any(texts) or not side else 0
+            if drawn == 0 and len(mark.x) == 0:
+                continue
+            with mark.hold_sync():
+                mark.x = _dates(frame.mark_x_ms[:drawn])
+                mark.y = np.full(drawn, frame.y_max, dtype=np.float32)
+                mark.text = np.array(texts[:drawn], dtype=str)
+                mark.visible = drawn > 0
 
     def close_parts(self) -> None:
         """Close every widget inside the panel (layouts, styles, scales, marks...), not the panel itself."""

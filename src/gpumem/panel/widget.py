@@ -43,13 +43,14 @@ from gpumem.panel.curves import (
     build_curve_frame,
     curve_interval_s,
     header_interval_s,
-    label_spaced_marks,
+    layout_marks,
     sample_rate_hz,
     with_span_mark,
 )
 from gpumem.panel.freeing import FreeOutcome, FreeWorker, free_message, run_free
 from gpumem.panel.header import build_header, render_header
 from gpumem.panel.options import (
+    COMPACT_PLOT_HEIGHT_PX,
     COMPACT_PLOT_WIDTH_PX,
     DEFAULT_POINTS_PER_LINE,
     DEFAULT_RATE_HZ,
@@ -121,7 +122,7 @@ class Panel(PanelView):
             full_scale=full_scale, points_per_line=points_per_line,
         )  # fmt: skip
         if compact:
-            options = options._replace(plot_width_px=COMPACT_PLOT_WIDTH_PX)
+            options = options._replace(plot_width_px=COMPACT_PLOT_WIDTH_PX, plot_height_px=COMPACT_PLOT_HEIGHT_PX)
         super().__init__(options, compact)
         self._options = options
         self._monitor = monitor if monitor is not None else default_monitor()
@@ -411,7 +412,7 @@ class Panel(PanelView):
             self._monitor.timeline, self._options, now, wall_offset, self._readings.capacities(), host_total
         )
         frame = with_span_mark(frame, *self._peaks.span(), wall_offset)
-        frame = label_spaced_marks(frame, self._options.plot_width_px)
+        frame = layout_marks(frame, self._options.plot_width_px, self._options.plot_height_px)
         self.show_frame(frame)
         self._last_frame = frame
         payload_bytes = frame.payload_bytes

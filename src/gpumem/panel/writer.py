@@ -1,4 +1,5 @@
-"""The one writer thread every open panel shares, the list of open panels, and when a panel pushes next.
+"""The one writer thread every open panel shares, the list of open panels (and the one last docked), and when
+a panel pushes next.
 
 ``hold_sync`` and trait changes are not thread-safe, so after a panel is built only this thread sets
 its widget traits. It runs each panel's service function, sleeps until the earliest time one of them
@@ -9,10 +10,21 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["PushSchedule", "Writer", "close_all", "open_panels", "register", "shared_writer", "unregister"]
+__all__ = [
+    "PushSchedule",
+    "Writer",
+    "close_all",
+    "docked_model_id",
+    "note_docked",
+    "open_panels",
+    "register",
+    "shared_writer",
+    "unregister",
+]
 
 # Service functions return when to be called again (time.monotonic() seconds).
 Service = Callable[[], float]
@@ -138,3 +150,27 @@ def close_all() -> None:
     """Close every open panel: stops the writer thread, and the sampler where a panel started it."""
     for panel in open_panels():
         panel.close()
+
+
+# The widget last docked (shown for the sidebar, or handed to a front end that asked), weakly: while it is
+# open the status payload names it, so that a page that opens later (a new window, a reload) docks it
+# again instead of calling its output stale.
+_docked: weakref.ref[Any] | None = None
+
+
+def note_docked(widget: Any) -> None:
+    global _docked
+    try:
+        _docked = weakref.ref(widget)
+    except TypeError:
+        _docked = None
+
+
+def docked_model_id() -> str | None:
+    """The model id of the widget last docked while it is open (its comm alive), else None."""
+    ref = _docked
+    widget = ref() if ref is not None else None
+    if widget is None or getattr(widget, "closed", False) or getattr(widget, "comm", None) is None:
+        return None
+    model_id = getattr(widget, "model_id", None)
+    return model_id if isinstance(model_id, str) else None
