@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpumem.core.allocator_backend import allocator_line
 from gpumem.core.cells import CellRecord
 from gpumem.core.files import ForeignFileError
 from gpumem.core.units import format_bytes
@@ -162,6 +163,7 @@ def magic_status(state: ExtensionState, line: str) -> None:
     parse_argstring(magic_status, line)
     lines = ["gpumem status", *_now_lines(state)]
     lines.extend(f"  {reader:<8} {status}" for reader, status in state.monitor.status().items())
+    lines.append(f"  alloc    {allocator_line()}")
     sampler = state.monitor.sampler
     cost = sampler.cost()
     rate = f"{sampler.rate_hz:g} Hz"
