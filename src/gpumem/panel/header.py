@@ -11,6 +11,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from gpumem.core.cuda_fault import cuda_faults, status_text
 from gpumem.core.sources import DeviceInfo, Snapshot
 from gpumem.core.units import format_bytes
 from gpumem.panel.readings import PeakTracker, capacities_of, device_indices
@@ -115,6 +116,10 @@ def _device_notes(snapshot: Snapshot, indices: Sequence[int], status: Mapping[st
     """Why PyTorch's or NVML's figures are missing, in a sentence."""
     torch_reason = _reason(status, "torch")
     nvml_reason = _reason(status, "nvml")
+    faults = cuda_faults()
+    if faults:  # a sticky CUDA error: PyTorch's figures stay frozen until the kernel restarts
+        return [_sentence("CUDA error: " + "; ".join(status_text(fault) for fault in faults.values()))
+                + " Device used (NVML) and host memory are still read."]
     if not indices:
         return [_sentence(f"No CUDA device is in use: {torch_reason or 'no GPU is visible to this process'}")]
     if not snapshot.allocator:

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpumem.core.allocator_backend import not_native_reason
 from gpumem.core.collector import collector_paused
+from gpumem.core.cuda_fault import cuda_faults, status_text
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "SKIPPED_ACTIONS", "CellSnapshot", "TraceRecorder", "save_snapshot"]
 
@@ -78,6 +80,12 @@ def _memory_api() -> tuple[_Memory | None, str | None]:
         available = False
     if not available:
         return None, "no CUDA device is available to PyTorch (torch.cuda.is_available() is False)"
+    faults = cuda_faults()
+    if faults:
+        return None, "; ".join(status_text(fault) for fault in faults.values())
+    other = not_native_reason("allocation sites")  # cudaMallocAsync records no history
+    if other is not None:
+        return None, other
     enabled = getattr(getattr(torch, "_C", None), "_cuda_isHistoryEnabled", None)
     return _Memory(record, snapshot, enabled), None
 
