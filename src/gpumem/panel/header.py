@@ -11,6 +11,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from gpumem.core.allocator_backend import native_allocator
 from gpumem.core.cuda_fault import cuda_faults, status_text
 from gpumem.core.sources import DeviceInfo, Snapshot
 from gpumem.core.units import format_bytes
@@ -175,6 +176,14 @@ _CACHED_TIP = (
     "fragmentation only when no free piece is large enough for a request (gpumem warns under the cell then, "
     "and %gpumem status says so). Free returns the unused segments to the driver."
 )
+_ASYNC_CACHED_TIP = (  # backend:cudaMallocAsync: CUDA's pool, not PyTorch's segments, keeps it
+    "reserved - allocated: held by CUDA's memory pool (cudaMallocAsync), used by no tensor. Later allocations "
+    "reuse it. Free asks the pool to return what it does not use to the driver."
+)
+
+
+def _cached_tip() -> str:
+    return _CACHED_TIP if native_allocator() else _ASYNC_CACHED_TIP
 
 
 def _peak_label(model: HeaderModel) -> str:
@@ -297,7 +306,7 @@ def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: float)
         _card(
             _peak_label(model), _peak(figures.peak_allocated_bytes, figures.peak_exact), _PEAK_TIP, sub=_peak_sub(model)
         ),
-        _card("cached, unallocated", _size(figures.cached_free_bytes), _CACHED_TIP, sub="reserved - allocated"),
+        _card("cached, unallocated", _size(figures.cached_free_bytes), _cached_tip(), sub="reserved - allocated"),
     ]
     return (
         f'<div class="gm-title">{html.escape(_device_title(figures))}</div>'
@@ -310,7 +319,7 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
     devices = model.devices
     peak, cached = _peak_label(model), "cached, unallocated"
     titles = ("device", "allocated", "reserved", "device used", "of capacity", peak, cached)
-    tips = {peak: _PEAK_TIP, cached: _CACHED_TIP}
+    tips = {peak: _PEAK_TIP, cached: _cached_tip()}
     head = "".join(f'<th title="{html.escape(tips.get(h, ""))}">{h}</th>' for h in titles)
     rows: list[str] = []
     for f in devices:
