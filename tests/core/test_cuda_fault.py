@@ -218,7 +218,11 @@ def test_in_the_shell_once_under_the_cell_then_status_free_and_reports(auto_shel
     assert "CUDA could not be emptied: cuda:0 in an error state since cell [1]" in cap.stdout + str(
         [o.data for o in cap.outputs]
     )
-    _, cap = run_cell_capture(ip, "%%gpumem\nx = 1")
+    _, cap = run_cell_capture(ip, "%%gpumem --trace --profile\nx = 1")
+    for option in ("--trace", "--profile"):
+        (line,) = [text for text in cap.stdout.splitlines() if text.startswith(f"gpumem: {option}: ")]
+        assert line.startswith(f"gpumem: {option}: cuda:0 in an error state since cell [1] (torch.AcceleratorError")
+        assert line.endswith(f"only a kernel restart clears it; the cell runs without a {option[2:]}.")
     report = cap.outputs[0].data["text/plain"]
     assert "CUDA figures frozen: CUDA is in an error state on cuda:0 since cell [1]" in report
     assert "cuda:0   allocated" not in report  # not ±0 B: unknown

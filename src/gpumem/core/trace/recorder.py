@@ -68,6 +68,9 @@ def _memory_api() -> tuple[_Memory | None, str | None]:
     torch = sys.modules.get("torch")
     if torch is None:
         return None, "PyTorch is not imported (import torch in an earlier cell to trace this one)"
+    faults = cuda_faults()
+    if faults:  # recording would call CUDA, which fails there until a restart
+        return None, "; ".join(status_text(fault) for fault in faults.values())
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     record = getattr(memory, "_record_memory_history", None)
     snapshot = getattr(memory, "_snapshot", None)
@@ -80,9 +83,6 @@ def _memory_api() -> tuple[_Memory | None, str | None]:
         available = False
     if not available:
         return None, "no CUDA device is available to PyTorch (torch.cuda.is_available() is False)"
-    faults = cuda_faults()
-    if faults:
-        return None, "; ".join(status_text(fault) for fault in faults.values())
     other = not_native_reason("allocation sites")  # cudaMallocAsync records no history
     if other is not None:
         return None, other
