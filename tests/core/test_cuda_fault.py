@@ -241,3 +241,29 @@ def test_an_unmeasured_cell_is_explained_too(ip: Any) -> None:
     finally:
         ip.run_cell("%unload_ext gpumem")
         set_default_monitor(None)
+
+
+def test_a_peak_reset_that_fails_so_is_recognised() -> None:
+    """An error the user's own code caught (try/except) still shows when gpumem's next call fails with it."""
+
+    class Poisoned(CountingSource):
+        def reset_peaks(self, devices: Any) -> None:
+            self.calls.append("reset_peaks")
+            raise device_assert()
+
+    source = Poisoned()
+    source.transient(64 * MIB)  # the peak stands above current use: the next cell resets it
+    tracker = CellTracker(Monitor(source), start_sampler=False)
+    cell = tracker.begin("x = 1", options=CellOptions(mode="magic"))
+    record = tracker.end(cell)
+    assert list(cuda_faults()) == [0] and cuda_faults()[0].where == "since gpumem saw it"
+    assert record.devices == () and record.cuda_note is not None and record.cuda_note.startswith(FROZEN_PREFIX)
+    (warning,) = record.warnings  # said here, the first cell that saw it
+    assert warning.message.startswith(
+        "CUDA on cuda:0 is in an error state (a call gpumem made failed with it) (torch.AcceleratorError: CUDA "
+        "error: device-side assert triggered): every later CUDA call in this process fails"
+    )
+    cell = tracker.begin("x = 2", options=CellOptions(mode="magic"))
+    assert tracker.end(cell).warnings == ()  # not again
+    assert source.calls == ["reset_peaks"]
+    tracker.close()

@@ -34,6 +34,7 @@ __all__ = [
     "record_fault",
     "status_text",
     "sticky_cuda_error",
+    "take_untold",
 ]
 
 # The CUDA errors that leave the context unusable (cudaGetErrorString's texts, as PyTorch quotes them).
@@ -88,6 +89,7 @@ class _Faults:
         self.lock = threading.Lock()
         self.pid = os.getpid()
         self.by_device: dict[int, CudaFault] = {}
+        self.told: set[int] = set()  # devices whose fault has been explained under a cell
 
 
 _faults = _Faults()
@@ -95,7 +97,7 @@ _faults = _Faults()
 
 def _current() -> dict[int, CudaFault]:
     if _faults.pid != os.getpid():  # a forked child has a CUDA context of its own (or none)
-        _faults.by_device, _faults.pid = {}, os.getpid()
+        _faults.by_device, _faults.told, _faults.pid = {}, set(), os.getpid()
     return _faults.by_device
 
 
@@ -157,10 +159,19 @@ def healthy(devices: Sequence[int]) -> tuple[int, ...]:
         return tuple(device for device in devices if device not in faults)
 
 
+def take_untold() -> list[CudaFault]:
+    """The faults not explained under a cell yet, now marked explained: each is said once, wherever seen first."""
+    with _faults.lock:
+        untold = [fault for device, fault in _current().items() if device not in _faults.told]
+        _faults.told.update(fault.device for fault in untold)
+    return untold
+
+
 def clear_faults() -> None:
     """Forget every record (tests only: a real poisoned context is cleared only by a restart)."""
     with _faults.lock:
         _current().clear()
+        _faults.told.clear()
 
 
 def _last_good(fault: CudaFault) -> str:
@@ -171,10 +182,16 @@ def _last_good(fault: CudaFault) -> str:
     return f"the last good reading: allocated {allocated}, reserved {reserved}"
 
 
-def fault_explanation(fault: CudaFault) -> str:
-    """Said once, under the cell where it happened."""
+def fault_explanation(fault: CudaFault, cell: int | None = None) -> str:
+    """Said once, under the cell where it happened (``cell``), or else under the first one measured after."""
+    if fault.cell is not None and fault.cell == cell:
+        when = "after this cell"
+    elif fault.cell is not None:
+        when = f"since cell [{fault.cell}]"
+    else:
+        when = "(a call gpumem made failed with it)"
     return (
-        f"CUDA on cuda:{fault.device} is in an error state after this cell ({fault.error}): every later CUDA call "
+        f"CUDA on cuda:{fault.device} is in an error state {when} ({fault.error}): every later CUDA call "
         f"in this process fails, so gpumem's CUDA figures are frozen at {_last_good(fault)}; NVML and host "
         "memory are still read. Only restarting the kernel clears it (to see which operation failed, run the cell "
         "again in a new kernel with CUDA_LAUNCH_BLOCKING=1 set before torch starts)"

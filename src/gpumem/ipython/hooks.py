@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
-from gpumem.core.cuda_fault import fault_explanation, record_fault
+from gpumem.core.cuda_fault import fault_explanation, record_fault, take_untold
 from gpumem.core.session_io import SavedReport
 from gpumem.ipython import profile_cell, trace_cell
 from gpumem.ipython.arguments import complain, display
@@ -79,16 +79,16 @@ class CellHooks:
     def _unmeasured_fault(self, result: Any) -> None:
         """A cell gpumem did not measure that left CUDA in an error state: said once, under it, all the same."""
         error = getattr(result, "error_in_exec", None)
-        if error is None:
-            return
-        try:
-            readings = self.state.monitor.snapshot().allocator  # the counters still read: the last good figures
-            fault = record_fault(error, getattr(result, "execution_count", None), readings)
-        except Exception as failure:
-            complain("could not check this cell's CUDA error", failure)
-            return
-        if fault is not None:
-            print(f"gpumem: {fault_explanation(fault)}.")
+        count = getattr(result, "execution_count", None)
+        if error is not None:
+            try:
+                readings = self.state.monitor.snapshot().allocator  # the counters still read: the last good figures
+                record_fault(error, count, readings)
+            except Exception as failure:
+                complain("could not check this cell's CUDA error", failure)
+                return
+        for fault in take_untold():
+            print(f"gpumem: {fault_explanation(fault, count)}.")
 
     def close(self) -> None:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""

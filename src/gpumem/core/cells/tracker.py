@@ -44,7 +44,7 @@ from gpumem.core.cells.warnings import (
     peak_reset_warnings,
     variable_warnings,
 )
-from gpumem.core.cuda_fault import cuda_faults, fault_explanation, frozen_note, record_fault
+from gpumem.core.cuda_fault import cuda_faults, fault_explanation, frozen_note, record_fault, take_untold
 from gpumem.core.fragmentation import ReserveReader
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
@@ -268,8 +268,9 @@ class CellTracker:
         host = host_change(cell, start, end)
         key, first_line = self._source_names(cell.source)
         warnings = self._figure_warnings(key, devices, start, end, host, status)
-        if fault is not None:  # said once, here; later cells say their CUDA figures are frozen
-            warnings.insert(0, CellWarning("cuda-error", fault_explanation(fault)))
+        # Said once, here (or under the first cell measured after a fault seen elsewhere); later cells say
+        # their CUDA figures are frozen.
+        warnings[:0] = [CellWarning("cuda-error", fault_explanation(untold, count)) for untold in take_untold()]
         variables = self._variables(cell, namespace, options, count, devices, hidden)
         if variables.changes or variables.graph_paths:  # else there is nothing to warn of (most cells)
             warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
