@@ -69,8 +69,10 @@ def split_remainder(
     rest = allocated - sum(counted.values()) - saved_total
     if blocks is not None:
         return _split_with_blocks(allocated, {**counted, **graph_saved}, saved_total, sizes, blocks)
-    rounding = sum(block_size(nbytes) - nbytes for nbytes in (*counted.values(), *graph_saved.values()))
-    rounding = min(rounding, max(rest, 0))
+    rounding = 0  # cudaMallocAsync counts what was asked for: no 512-byte blocks to round to
+    if native_allocator():
+        rounding = sum(block_size(nbytes) - nbytes for nbytes in (*counted.values(), *graph_saved.values()))
+        rounding = min(rounding, max(rest, 0))
     first = next(iter(sizes.values()), None)
     each = first.cublas_bytes if first is not None else 0
     count = (rest - rounding) // each if each and rest - rounding >= each else 0
