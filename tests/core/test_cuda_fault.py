@@ -267,3 +267,13 @@ def test_a_peak_reset_that_fails_so_is_recognised() -> None:
     assert tracker.end(cell).warnings == ()  # not again
     assert source.calls == ["reset_peaks"]
     tracker.close()
+
+
+def test_the_summary_says_its_counters_are_the_last_ones() -> None:
+    from gpumem.core.summary import build_summary
+
+    record_fault(device_assert(), 3, device=0)
+    (note,) = build_summary({"allocated_bytes.all.current": MIB}, 0, None).notes()
+    assert note.startswith("cuda:0 in an error state since cell [3] (torch.AcceleratorError: CUDA error: device-side")
+    assert note.endswith("only a kernel restart clears it: these are PyTorch's last counts, not memory it can use.")
+    assert "error state" not in str(build_summary({"allocated_bytes.all.current": MIB}, 1, None).notes())

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, TextIO
 
 from gpumem.core.allocator_backend import AllocatorBackend, allocator_backend
 from gpumem.core.cells.formatting import STYLE
+from gpumem.core.cuda_fault import fault_for, status_text
 from gpumem.core.files import replace_file
 from gpumem.core.fragmentation import FreeReserve, expandable_segments_on, free_reserve, read_segments
 from gpumem.core.units import format_bytes
@@ -191,6 +192,9 @@ class AllocatorSummary:
         raise KeyError(key)
 
     def notes(self) -> list[str]:
+        fault = fault_for(self.device)
+        if fault is not None:  # the counters still read, but the device cannot be used until a restart
+            return [f"{status_text(fault)}: these are PyTorch's last counts, not memory it can use."]
         if not self.backend.native:
             setting = f"{self.backend.variable}={self.backend.setting}" if self.backend.variable else "its setting"
             return [
