@@ -362,6 +362,7 @@ def test_a_short_loop_in_automatic_mode_at_the_idle_rate(ip: Any) -> None:
         _, cap = run_cell_capture(ip, code)
         (line,) = [o.data["text/plain"] for o in cap.outputs if "gpumem" in o.data["text/plain"]]
         assert "cuda:0 allocated memory rose step by step, +1.9 GiB in 30 allocations of ~64.0 MiB" in line
+        assert "`acc` grew most (+1.9 GiB)" in line
         code = "for i in range(30):\n    src.free(src.allocate(64 * MIB))\n    time.sleep(0.05)"
         _, cap = run_cell_capture(ip, code)
         assert not [o for o in cap.outputs if "step by step" in o.data.get("text/plain", "")]
