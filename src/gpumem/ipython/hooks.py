@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
-from gpumem.core.cuda_fault import fault_explanation, record_fault, take_untold
+from gpumem.core.cuda_fault import fault_explanation, is_sticky_cuda_error, record_fault, take_untold
 from gpumem.core.session_io import SavedReport
 from gpumem.ipython import profile_cell, trace_cell
 from gpumem.ipython.arguments import complain, display
@@ -78,9 +78,9 @@ class CellHooks:
 
     def _unmeasured_fault(self, result: Any) -> None:
         """A cell gpumem did not measure that left CUDA in an error state: said once, under it, all the same."""
-        error = getattr(result, "error_in_exec", None)
+        error: BaseException | None = getattr(result, "error_in_exec", None)
         count = getattr(result, "execution_count", None)
-        if error is not None:
+        if error is not None and is_sticky_cuda_error(error):  # most errors are not: then nothing is read
             try:
                 readings = self.state.monitor.snapshot().allocator  # the counters still read: the last good figures
                 record_fault(error, count, readings)
