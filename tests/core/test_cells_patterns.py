@@ -369,3 +369,25 @@ def test_a_short_loop_in_automatic_mode_at_the_idle_rate(ip: Any) -> None:
     finally:
         ip.run_cell("%unload_ext gpumem")
         set_default_monitor(None)
+
+
+def test_a_short_loop_sampled_at_a_measured_cells_rate_is_told_from_the_counters() -> None:
+    """At 10 Hz every interval of a 50 ms-per-step loop rose (by one to three steps): the samples cannot say
+    the step, the counters can. The real sampler thread, a fake allocator."""
+    fake = FakeSource()
+    monitor = Monitor(fake, rate_hz=10)
+    tracker = CellTracker(monitor)
+    try:
+        cell = tracker.begin("for i in range(30): acc.append(x)", options=CellOptions(mode="magic"))
+        handles = [fake.allocate(64 * MIB) for _ in range(1)]
+        for _ in range(29):
+            time.sleep(0.05)
+            handles.append(fake.allocate(64 * MIB))
+        time.sleep(0.05)
+        record = tracker.end(cell)
+        assert monitor.sampler.cost().samples >= 5
+        (warning,) = [w for w in record.warnings if w.kind == "staircase"]
+        assert warning.message.startswith("cuda:0 allocated memory rose step by step, +1.9 GiB in 30 allocations")
+    finally:
+        tracker.close()
+        monitor.stop()
