@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpumem._fake_allocator import SegmentAllocator
+from gpumem.core.cuda_fault import cuda_faults, healthy, status_text
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.units import GIB, MIB
 
@@ -119,7 +120,7 @@ class FakeSource:
             devices: list[DeviceReading] = []
             for index, dev in enumerate(self._devices):
                 own = (dev.reserved + self.context_bytes) if self.cuda_initialized else 0
-                if self.cuda_initialized:
+                if self.cuda_initialized and healthy([index]):  # as SystemSource: no reading after a CUDA fault
                     allocator.append(
                         AllocatorReading(
                             device=index,
@@ -131,6 +132,7 @@ class FakeSource:
                             peak_reserved_bytes=dev.peak_reserved,
                             num_ooms=dev.segments.num_ooms if dev.segments else dev.num_ooms,
                             num_alloc_retries=dev.segments.num_alloc_retries if dev.segments else 0,
+                            live_allocations=len(dev.blocks),
                         )
                     )
                 if self.nvml:
@@ -172,6 +174,9 @@ class FakeSource:
                 dev.peak_reserved = dev.reserved
 
     def empty_cache(self) -> None:
+        faults = cuda_faults()
+        if faults:  # as the real one, which would fail again
+            raise RuntimeError("; ".join(status_text(fault) for fault in faults.values()))
         with self._lock:
             for dev in self._devices:
                 if dev.segments is not None:
@@ -188,8 +193,12 @@ class FakeSource:
             return [segment for dev in self._devices if dev.segments for segment in dev.segments.snapshot()]
 
     def status(self) -> dict[str, str]:
+        faults = cuda_faults()
+        torch = "ok" if self.cuda_initialized else "unavailable: CUDA is not initialized (fake)"
+        if faults and self.cuda_initialized:
+            torch = "unavailable: " + "; ".join(status_text(fault) for fault in faults.values())
         return {
-            "torch": "ok" if self.cuda_initialized else "unavailable: CUDA is not initialized (fake)",
+            "torch": torch,
             "nvml": "ok" if self.nvml else "unavailable: fake source without NVML",
             "host": "ok",
         }

@@ -247,3 +247,147 @@ def test_a_workspace_estimate_stays_labelled_one_in_the_kinds_line() -> None:
     assert (change.kind, change.delta_bytes) == ("cuBLAS workspaces (estimate)", 32 * MIB)
     assert kinds_line((change,), "since cell [1]") == "by kind (since cell [1]): cuBLAS workspaces (estimate) +32.0 MiB"
     assert kinds_brief((change,)) == "cuBLAS workspaces (estimate) +32.0 MiB"
+
+
+# A loop that keeps what it makes, faster than the sampler: told from the allocator's counters ---------------
+
+
+def _loop(fake: FakeSource, handles: list[int], steps: int, nbytes: int, *, keep: bool, transient: int = 0) -> None:
+    """``steps`` iterations over about 1.5 s, with no sample in between (the 1 Hz sampler's view of it)."""
+    for _ in range(steps):
+        handle = fake.allocate(nbytes)
+        if transient:
+            fake.transient(transient)
+        if keep:
+            handles.append(handle)
+        else:
+            fake.free(handle)
+        time.sleep(1.5 / steps)
+
+
+def test_a_short_loop_that_keeps_what_it_makes_is_called_out_from_the_counters(fake: FakeSource) -> None:
+    monitor = Monitor(fake)
+    tracker = CellTracker(monitor, start_sampler=False, holder_finder=lambda ns, device, names: _acc_report(ns))
+    handles: list[int] = []
+    cell = tracker.begin("for i in range(30): acc.append(x * 2)", options=CellOptions(attribute=True, mode="magic"))
+    _loop(fake, handles, 30, 64 * MIB, keep=True, transient=64 * MIB)
+    record = tracker.end(cell, namespace={"acc": handles})
+    (warning,) = [w for w in record.warnings if w.kind == "staircase"]
+    assert warning.message.startswith(
+        "cuda:0 allocated memory rose step by step, +1.9 GiB in 30 allocations of ~64.0 MiB kept to the end of "
+        "the cell, over 1."
+    )
+    assert "and never fell back: a loop keeps what it makes; `acc` grew most (+1.9 GiB) (keep numbers with" in (
+        warning.message
+    )
+    assert warning.message.count("staircase") == 0 and warning.message in repr(CellReport(record))
+
+    # The same loop freeing what each iteration made: nothing to say, however long it runs.
+    cell = tracker.begin("for i in range(30): step()", options=CellOptions(attribute=True, mode="magic"))
+    _loop(fake, handles, 30, 64 * MIB, keep=False)
+    record = tracker.end(cell, namespace={"acc": handles})
+    assert not [w for w in record.warnings if w.kind == "staircase"]
+    tracker.close()
+
+
+def test_counted_growth_that_is_no_loop_keeping_results_is_not_called_out(fake: FakeSource) -> None:
+    torch = pytest.importorskip("torch")
+    tracker = CellTracker(Monitor(fake), start_sampler=False, holder_finder=cpu_holders)
+    handles: list[int] = []
+    # A training loop's first run: what it keeps is small beside what each step makes and frees.
+    cell = tracker.begin("train 30 steps", options=CellOptions(mode="magic"))
+    _loop(fake, handles, 30, 4 * MIB, keep=True, transient=512 * MIB)
+    assert not [w for w in tracker.end(cell).warnings if w.kind == "staircase"]
+    # Four allocations, however large: not a loop of at least five steps.
+    cell = tracker.begin("four", options=CellOptions(mode="magic"))
+    _loop(fake, handles, 4, 256 * MIB, keep=True)
+    assert not [w for w in tracker.end(cell).warnings if w.kind == "staircase"]
+    # Thirty, all within half a second: too short to be told from the counters.
+    cell = tracker.begin("quick", options=CellOptions(mode="magic"))
+    handles.extend(fake.allocate(64 * MIB) for _ in range(30))
+    time.sleep(0.4)
+    assert not [w for w in tracker.end(cell).warnings if w.kind == "staircase"]
+    # A model built layer by layer: its parameters are most of the rise.
+    ns: dict[str, Any] = {}
+    cell = tracker.begin("model = build()", options=CellOptions(attribute=True, mode="magic"), namespace=ns)
+    layers = []
+    for _ in range(30):
+        layers.append(torch.nn.Linear(1024, 1024))
+        handles.append(fake.allocate(4 * MIB + 4096))
+        time.sleep(0.05)
+    ns["model"] = torch.nn.Sequential(*layers)
+    record = tracker.end(cell, namespace=ns)
+    assert kinds_of(record)["parameters"] >= 120 * MIB
+    assert not [w for w in record.warnings if w.kind == "staircase"]
+    tracker.close()
+
+
+def test_samples_that_fell_or_ran_ahead_rule_a_counted_staircase_out() -> None:
+    from gpumem.core.cells.patterns import counted_staircase
+    from gpumem.core.cells.record import DeviceChange
+    from gpumem.core.readings import AllocatorReading
+
+    def reading(allocated: int, live: int) -> AllocatorReading:
+        return AllocatorReading(0, allocated, allocated, allocated, 0, allocated, allocated, 0, 0, live)
+
+    rise = 30 * 64 * MIB
+    change = DeviceChange(0, 0, rise, 0, rise, rise, True, "", rise, None, None, None, False)
+    start, end = reading(0, 10), reading(30 * 64 * MIB, 40)
+    steady = [(0.5, 10.0 * 64 * MIB), (1.0, 20.0 * 64 * MIB)]
+    found = counted_staircase(change, start, end, 0.0, 1.5, steady)
+    assert found is not None and (found.steps, found.step_bytes, found.counted) == (30, 64 * MIB, True)
+    assert counted_staircase(change, start, end, 0.0, 1.5, [(0.5, 20.0 * 64 * MIB), (1.0, 2.0 * 64 * MIB)]) is None
+    assert counted_staircase(change, start, end, 0.0, 1.5, [(0.1, 30.0 * 64 * MIB)]) is None  # all at once
+    assert counted_staircase(change, start, end, 0.0, 0.9, steady) is None  # under a second
+    assert counted_staircase(change, start, reading(30 * 64 * MIB, -1), 0.0, 1.5, steady) is None  # not counted
+    sampled_peak = change._replace(peak_exact=False)
+    assert counted_staircase(sampled_peak, start, end, 0.0, 1.5, steady) is None
+
+
+def test_a_short_loop_in_automatic_mode_at_the_idle_rate(ip: Any) -> None:
+    from _harness import run_cell_capture
+    from gpumem.core.monitor import set_default_monitor
+    from gpumem.ipython import extension
+
+    fake = FakeSource()
+    set_default_monitor(Monitor(fake))  # the default 1 Hz: the loop is at most two samples
+    ip.user_ns.update(src=fake, MIB=MIB, acc=[])
+    try:
+        assert ip.run_cell("%load_ext gpumem").success
+        state = extension.get_state()
+        assert state is not None
+        state.tracker.holder_finder = lambda ns, device, names: _acc_report(ns)
+        assert ip.run_cell("%gpumem auto on").success
+        code = "import time\nfor i in range(30):\n    acc.append(src.allocate(64 * MIB))\n    time.sleep(0.05)"
+        _, cap = run_cell_capture(ip, code)
+        (line,) = [o.data["text/plain"] for o in cap.outputs if "gpumem" in o.data["text/plain"]]
+        assert "cuda:0 allocated memory rose step by step, +1.9 GiB in 30 allocations of ~64.0 MiB" in line
+        assert "`acc` grew most (+1.9 GiB)" in line
+        code = "for i in range(30):\n    src.free(src.allocate(64 * MIB))\n    time.sleep(0.05)"
+        _, cap = run_cell_capture(ip, code)
+        assert not [o for o in cap.outputs if "step by step" in o.data.get("text/plain", "")]
+    finally:
+        ip.run_cell("%unload_ext gpumem")
+        set_default_monitor(None)
+
+
+def test_a_short_loop_sampled_at_a_measured_cells_rate_is_told_from_the_counters() -> None:
+    """At 10 Hz every interval of a 50 ms-per-step loop rose (by one to three steps): the samples cannot say
+    the step, the counters can. The real sampler thread, a fake allocator."""
+    fake = FakeSource()
+    monitor = Monitor(fake, rate_hz=10)
+    tracker = CellTracker(monitor)
+    try:
+        cell = tracker.begin("for i in range(30): acc.append(x)", options=CellOptions(mode="magic"))
+        handles = [fake.allocate(64 * MIB) for _ in range(1)]
+        for _ in range(29):
+            time.sleep(0.05)
+            handles.append(fake.allocate(64 * MIB))
+        time.sleep(0.05)
+        record = tracker.end(cell)
+        assert monitor.sampler.cost().samples >= 5
+        (warning,) = [w for w in record.warnings if w.kind == "staircase"]
+        assert warning.message.startswith("cuda:0 allocated memory rose step by step, +1.9 GiB in 30 allocations")
+    finally:
+        tracker.close()
+        monitor.stop()

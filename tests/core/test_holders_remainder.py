@@ -198,6 +198,15 @@ def test_split_without_blocks_estimates_whole_workspaces() -> None:
     assert none_known.workspace_bytes == 0 and none_known.unexplained_bytes == 32 * MIB
 
 
+def test_no_rounding_is_claimed_under_cuda_malloc_async(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's pool counts the bytes asked for: the 256 B left over is unexplained, not rounding."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")  # CPU torch: read from here
+    counted = {("cuda:0", 1, 4_000_000): 4_000_000}
+    split = split_remainder(4_000_256 + 32 * MIB, counted, {}, sizes=H200, blocks=None)
+    assert split.rounding_bytes == 0 and split.unexplained_bytes == 256
+    assert (split.workspace_bytes, split.workspace_count) == (32 * MIB, 1)
+
+
 def test_kinds_add_up_to_allocated_and_say_how_to_release_workspaces() -> None:
     rows = [Holder("m", "Linear", "cuda:0", 3000, 0, 2, (), {PARAMETERS: 3000})]
     split = split_remainder(

@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from gpumem.core.cuda_fault import cuda_faults, record_fault, status_text
 from gpumem.core.holders import find_holders, hidden_references
 from gpumem.core.holders.snapshot import stable_list
 from gpumem.core.runtime import ipython_shell
@@ -138,13 +139,8 @@ def free(deep: bool = False, shell: Any = None, source: Any = None, *, workspace
         elif shell is not None:
             kept.extend(_hidden_summary(shell))
         collected = gc.collect()
-        cleared = workspaces and _clear_workspaces()
-        try:
-            source.empty_cache()
-        except Exception as error:
-            note = f"empty_cache failed: {error}"
-        else:
-            note = ""
+        cleared = workspaces and not cuda_faults() and _clear_workspaces()
+        note = _empty_cache(source)
         after = _allocator_readings(source)
         devices = tuple(
             DeviceReclaim(
@@ -160,12 +156,26 @@ def free(deep: bool = False, shell: Any = None, source: Any = None, *, workspace
             note = "no CUDA device is initialized in this process: nothing to return to the driver"
         if deep and shell is None:
             note = (note + "; " if note else "") + "no IPython shell: there were no IPython references to drop"
-        if workspaces and not cleared:
+        if workspaces and not cleared and not cuda_faults():
             note = (note + "; " if note else "") + "no cuBLAS workspace to release (CUDA is not initialized)"
     elapsed = time.perf_counter() - started
     result = FreeResult(devices, deep, tuple(released), tuple(kept), collected, elapsed, note, workspaces=cleared)
     _mark_timeline(source, result)
     return result
+
+
+def _empty_cache(source: Any) -> str:
+    """``empty_cache()`` unless CUDA is in an error state (:mod:`gpumem.core.cuda_fault`); what went wrong, or ""."""
+    if not cuda_faults():
+        try:
+            source.empty_cache()
+        except Exception as error:
+            if record_fault(error, None) is None:
+                return f"empty_cache failed: {error}"
+        else:
+            return ""
+    faults = "; ".join(status_text(fault) for fault in cuda_faults().values())
+    return f"CUDA could not be emptied: {faults}"
 
 
 def _clear_workspaces() -> bool:

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from gpumem.core.allocator_backend import native_allocator
+from gpumem.core.cuda_fault import cuda_faults
 from gpumem.core.sources import AllocatorReading, SystemSource, TorchAllocatorSource
 from gpumem.core.units import GIB, MIB, format_bytes
 
@@ -158,7 +160,10 @@ def _list(value: Any) -> Sequence[Any]:
 
 def worth_a_look(start: AllocatorReading | None, end: AllocatorReading) -> bool:
     """Whether the counters allow fragmentation: a large free reserve, or an allocation in between
-    that had to free the cache and retry, or failed. Costs a few comparisons, no call into torch."""
+    that had to free the cache and retry, or failed. Costs a few comparisons, no call into torch.
+    Never under cudaMallocAsync: CUDA's pool has none of PyTorch's segments to fragment."""
+    if not native_allocator():
+        return False
     if start is not None and (end.num_alloc_retries > start.num_alloc_retries or end.num_ooms > start.num_ooms):
         return True
     free = end.reserved_bytes - end.allocated_bytes
@@ -219,7 +224,10 @@ class ReserveReader:
 
 
 def read_segments(source: Any) -> list[Any] | None:
-    """The allocator's segments (all devices), or None when they cannot be read without side effects."""
+    """The allocator's segments (all devices), or None when they cannot be read without side effects, or
+    when CUDA's pool allocates (cudaMallocAsync: no segments, so nothing to say about fragmentation)."""
+    if not native_allocator() or cuda_faults():  # no CUDA call after a sticky CUDA error either
+        return None
     own = getattr(source, "memory_snapshot", None)
     if callable(own):
         try:

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from gpumem.core.allocator_backend import native_allocator
 from gpumem.core.fragmentation import (
     FreeReserve,
     empty_cache_advice,
@@ -111,7 +112,8 @@ def explain(
     reserve = _free_reserve(source, device)
     # Fragmentation: more is free in the reserve than was asked for, yet no free piece is large enough.
     fragmentation = bool(
-        requested is not None
+        native_allocator()  # CUDA's own pool (cudaMallocAsync) has no segments of PyTorch's to fragment
+        and requested is not None
         and unallocated is not None
         and unallocated >= requested
         and unallocated > 0

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
+from gpumem.core.cuda_fault import record_fault
 from gpumem.core.sources import AllocatorReading, MemorySource
 
 __all__ = [
@@ -154,6 +155,7 @@ def reset_raised_peaks(source: MemorySource, readings: Iterable[AllocatorReading
 
     Returns the devices reset; none when the reset failed (their counters then say nothing of the cell).
     """
+    readings = list(readings)
     devices = [
         reading.device
         for reading in readings
@@ -163,7 +165,8 @@ def reset_raised_peaks(source: MemorySource, readings: Iterable[AllocatorReading
     if devices:
         try:
             source.reset_peaks(devices)
-        except Exception:
+        except Exception as error:
+            record_fault(error, None, readings)  # a sticky CUDA error seen here: no CUDA call on that device again
             return []
     return devices
 

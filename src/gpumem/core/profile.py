@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from gpumem.core.cells.formatting import STYLE
+from gpumem.core.cuda_fault import cuda_faults, status_text
 from gpumem.core.profile_events import OperatorMemory, read_operators, shapes_text, sort_rows
 from gpumem.core.torch_state import no_torch_reason
 from gpumem.core.units import format_bytes
@@ -199,6 +200,9 @@ class CellProfiler:
             return no_torch_reason("profile this one")
         if getattr(getattr(torch.autograd, "profiler", None), "_is_profiler_enabled", False):
             return "a PyTorch profiler is already running in this process (a second one would disturb it)"
+        faults = cuda_faults()
+        if faults:  # the profiler's CUDA calls would fail again
+            return "; ".join(status_text(fault) for fault in faults.values())
         activities = [profiler.ProfilerActivity.CPU]
         self._cuda = _cuda_available(torch)
         if self._cuda:

@@ -23,6 +23,7 @@ class AllocatorReading(NamedTuple):
     peak_reserved_bytes: int
     num_ooms: int
     num_alloc_retries: int
+    live_allocations: int = -1  # blocks allocated now (memory_stats "allocation.all.current"); -1: not counted
 
 
 class DeviceReading(NamedTuple):

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
+from gpumem.core.cuda_fault import record_fault
 from gpumem.core.readings import Snapshot
 from gpumem.core.sources import MemorySource
 from gpumem.core.timeline import Timeline
@@ -207,6 +208,7 @@ class Sampler:
                 self.sample_once()
             except Exception as error:
                 self._last_error = f"{type(error).__name__}: {error}"
+                record_fault(error, None)  # a sticky CUDA error: that device is not read again
             next_tick += self._period_s
             now = time.monotonic()
             if now > next_tick:

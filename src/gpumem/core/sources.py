@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 # The readings live in gpumem.core.readings, the NVML reader in gpumem.core.nvml and the
 # CUDA_VISIBLE_DEVICES parser in gpumem.core.devices; importing them from here keeps working.
+from gpumem.core.cuda_fault import cuda_faults, healthy, status_text
 from gpumem.core.devices import parse_visible_devices
 from gpumem.core.nvml import NvmlSource
 from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
@@ -105,6 +106,7 @@ class TorchAllocatorSource:
                 peak_reserved_bytes=reserved["peak"],
                 num_ooms=stats.get("num_ooms", 0),
                 num_alloc_retries=stats.get("num_alloc_retries", 0),
+                live_allocations=stats.get("allocation", {}).get("all", {}).get("current", -1),
             )
         return AllocatorReading(
             device=device,
@@ -116,6 +118,7 @@ class TorchAllocatorSource:
             peak_reserved_bytes=stats.get("reserved_bytes.all.peak", 0),
             num_ooms=stats.get("num_ooms", 0),
             num_alloc_retries=stats.get("num_alloc_retries", 0),
+            live_allocations=stats.get("allocation.all.current", -1),
         )
 
     def _stats(self, device: int) -> dict[str, Any]:
@@ -138,14 +141,18 @@ class TorchAllocatorSource:
         torch = _loaded_torch()
         if torch is None or not torch.cuda.is_initialized():
             return
-        for device in devices:
+        for device in healthy(devices):
             torch.cuda.reset_peak_memory_stats(device)
 
     def empty_cache(self) -> None:
-        """The caching allocator empties every device's cache in one call."""
+        """The caching allocator empties every device's cache in one call; never after a sticky CUDA error
+        (it would fail again: :mod:`gpumem.core.cuda_fault`)."""
         torch = _loaded_torch()
         if torch is None or not torch.cuda.is_initialized():
             return
+        faults = cuda_faults()
+        if faults:
+            raise RuntimeError("; ".join(status_text(fault) for fault in faults.values()))
         torch.cuda.empty_cache()
 
     def device_properties(self, device: int) -> Any | None:
@@ -305,6 +312,11 @@ class HostSource:
         return int(process.memory_info().rss)
 
 
+def _fault_reason() -> str | None:
+    faults = cuda_faults()
+    return "; ".join(status_text(fault) for fault in faults.values()) if faults else None
+
+
 def peak_rss_bytes() -> int:
     """Lifetime peak RSS of this process; Linux reports KiB, macOS bytes."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -334,7 +346,7 @@ class SystemSource:
         return self.nvml.device_count() if count is None else count
 
     def snapshot(self, *, process_memory: bool = False) -> Snapshot:
-        torch_devices = self.torch.devices()
+        torch_devices = healthy(self.torch.devices())  # a device in a CUDA error state is not read again
         if torch_devices:
             self.nvml.refine_with_torch(self.torch)
         allocator = tuple(self.torch.read(device) for device in torch_devices)
@@ -376,7 +388,7 @@ class SystemSource:
     def status(self) -> dict[str, str]:
         result: dict[str, str] = {}
         for name, reason in (
-            ("torch", self.torch.unavailable_reason()),
+            ("torch", self.torch.unavailable_reason() or _fault_reason()),
             ("nvml", self.nvml.unavailable_reason()),
             ("host", self.host.unavailable_reason()),
         ):

@@ -1,4 +1,4 @@
-"""``%gpumem summary``: PyTorch's caching allocator, figure by figure, each line saying what it means.
+"""``%gpumem summary``: PyTorch's CUDA allocator, figure by figure, each line saying what it means.
 
 A cleaner ``torch.cuda.memory_summary()``: the counters of ``torch.cuda.memory_stats(device)``
 (allocated, reserved, active, inactive split, by pool, current and peak; segments; retries, OOMs,
@@ -6,6 +6,10 @@ device mallocs and frees) plus what only the segments tell (the largest free blo
 ``empty_cache()`` would return: :mod:`gpumem.core.fragmentation`). Nothing here initializes CUDA:
 torch is only looked up in ``sys.modules`` and read only once ``torch.cuda.is_initialized()``.
 A memory source with its own ``memory_stats(device)`` (a test's fake) is read instead of torch.
+
+Under ``backend:cudaMallocAsync`` (:mod:`gpumem.core.allocator_backend`) CUDA's pool does the allocating:
+pools, segments, rounding and the event counters are PyTorch's own allocator's and read 0 there, so only
+allocated and reserved (current and peak) are shown, worded for CUDA's pool.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TextIO
 
+from gpumem.core.allocator_backend import AllocatorBackend, allocator_backend
 from gpumem.core.cells.formatting import STYLE
+from gpumem.core.cuda_fault import fault_for, status_text
 from gpumem.core.files import replace_file
-from gpumem.core.fragmentation import FreeReserve, free_reserve, read_segments
+from gpumem.core.fragmentation import FreeReserve, expandable_segments_on, free_reserve, read_segments
 from gpumem.core.units import format_bytes
 
 __all__ = [
@@ -66,6 +72,15 @@ _POOL_MEANING = {
     "large_pool": "requests over 1 MiB; segments of 20 MiB, or the request rounded up to 2 MiB above 10 MiB",
     "small_pool": "requests of 1 MiB or less; 2 MiB segments",
 }
+_EXPANDABLE_POOL_MEANING = {  # expandable_segments:True: segments grow in place, page by page
+    "large_pool": "requests over 1 MiB; expandable segments that grow and shrink in place",
+    "small_pool": "requests of 1 MiB or less; expandable segments that grow and shrink in place",
+}
+# cudaMallocAsync: CUDA's pool allocates; PyTorch counts what it asked for and what the pool holds.
+_ASYNC = (
+    ("allocated", "allocated_bytes", "in tensors now (torch.cuda.memory_allocated)"),
+    ("reserved", "reserved_bytes", "held by CUDA's memory pool for this process, in tensors or kept for reuse"),
+)
 # (label, key, meaning): counters of events since the process started.
 _COUNTERS = (
     (
@@ -84,15 +99,31 @@ def _stat(stats: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _figures(stats: Mapping[str, Any], reserve: FreeReserve | None) -> list[Figure]:
+def _async_figures(stats: Mapping[str, Any]) -> list[Figure]:
     figures: list[Figure] = []
+    for label, prefix, meaning in _ASYNC:
+        current = _stat(stats, f"{prefix}.all.current")
+        peak = _stat(stats, f"{prefix}.all.peak")
+        if current is not None or peak is not None:
+            figures.append(Figure(f"{prefix}.all", label, current, peak, meaning))
+    allocated = _stat(stats, "allocated_bytes.all.current")
+    reserved = _stat(stats, "reserved_bytes.all.current")
+    if allocated is not None and reserved is not None:
+        meaning = "reserved minus allocated: kept by CUDA's pool for reuse"
+        figures.append(Figure("free_reserve", "free reserve", reserved - allocated, None, meaning))
+    return figures
+
+
+def _figures(stats: Mapping[str, Any], reserve: FreeReserve | None, *, expandable: bool = False) -> list[Figure]:
+    figures: list[Figure] = []
+    pool_meaning = _EXPANDABLE_POOL_MEANING if expandable else _POOL_MEANING
     for label, prefix, meaning in _POOLED:
         for pool_label, pool in _POOLS:
             current = _stat(stats, f"{prefix}.{pool}.current")
             peak = _stat(stats, f"{prefix}.{pool}.peak")
             if current is None and peak is None:
                 continue
-            text = meaning if pool == "all" else _POOL_MEANING[pool]
+            text = meaning if pool == "all" else pool_meaning[pool]
             figures.append(Figure(f"{prefix}.{pool}", pool_label or label, current, peak, text))
     allocated = _stat(stats, "allocated_bytes.all.current")
     reserved = _stat(stats, "reserved_bytes.all.current")
@@ -120,7 +151,7 @@ def _figures(stats: Mapping[str, Any], reserve: FreeReserve | None) -> list[Figu
         current = _stat(stats, f"segment.{pool}.current")
         peak = _stat(stats, f"segment.{pool}.peak")
         if current is not None or peak is not None:
-            meaning = "chunks reserved from CUDA" if pool == "all" else _POOL_MEANING[pool]
+            meaning = "chunks reserved from CUDA" if pool == "all" else pool_meaning[pool]
             figures.append(Figure(f"segment.{pool}", pool_label or "segments", current, peak, meaning, "count"))
     for label, key, meaning in _COUNTERS:
         value = _stat(stats, key)
@@ -132,11 +163,26 @@ def _figures(stats: Mapping[str, Any], reserve: FreeReserve | None) -> list[Figu
 class AllocatorSummary:
     """One device's allocator figures (exact, in :attr:`figures`) and the table that shows them."""
 
-    def __init__(self, device: int, stats: Mapping[str, Any], reserve: FreeReserve | None) -> None:
+    def __init__(
+        self,
+        device: int,
+        stats: Mapping[str, Any],
+        reserve: FreeReserve | None,
+        backend: AllocatorBackend | None = None,
+    ) -> None:
         self.device = device
         self.stats = dict(stats)
         self.reserve = reserve
-        self.figures = _figures(stats, reserve)
+        self.backend = backend if backend is not None else allocator_backend()
+        if self.backend.native:
+            expandable = (reserve is not None and reserve.expandable) or expandable_segments_on()
+            self.figures = _figures(stats, reserve, expandable=expandable)
+        else:
+            self.figures = _async_figures(stats)
+
+    @property
+    def title(self) -> str:
+        return f"gpumem summary of cuda:{self.device} ({self.backend.title})"
 
     def figure(self, key: str) -> Figure:
         """The figure of ``key`` (``"allocated_bytes.all"``, ``"num_ooms"``; KeyError if not reported)."""
@@ -146,6 +192,17 @@ class AllocatorSummary:
         raise KeyError(key)
 
     def notes(self) -> list[str]:
+        fault = fault_for(self.device)
+        if fault is not None:  # the counters still read, but the device cannot be used until a restart
+            return [f"{status_text(fault)}: these are PyTorch's last counts, not memory it can use."]
+        if not self.backend.native:
+            setting = f"{self.backend.variable}={self.backend.setting}" if self.backend.variable else "its setting"
+            return [
+                (
+                    f"CUDA's pool allocates here ({setting}): PyTorch's pools, segments, 512 B rounding, "
+                    "fragmentation and event counters do not apply, so only allocated and reserved are shown."
+                )
+            ]
         notes = []
         if self.reserve is None:
             notes.append("The segments could not be read, so the largest free block is not shown.")
@@ -162,7 +219,7 @@ class AllocatorSummary:
     def __repr__(self) -> str:
         table = [["", "current", "peak", ""], *self._rows()]
         widths = [max(len(row[i]) for row in table) for i in range(3)]
-        lines = [f"gpumem summary of cuda:{self.device} (PyTorch's caching allocator)"]
+        lines = [self.title]
         for label, current, peak, meaning in table:
             line = f"  {label.ljust(widths[0])}  {current.rjust(widths[1])}  {peak.rjust(widths[2])}  {meaning}"
             lines.append(line.rstrip())
@@ -174,7 +231,7 @@ class AllocatorSummary:
             "<tr>" + "".join(f"<td>{html.escape(value)}</td>" for value in row) + "</tr>" for row in self._rows()
         )
         notes = "".join(f"<p>{html.escape(note)}</p>" for note in self.notes())
-        title = f"gpumem summary of cuda:{self.device} (PyTorch's caching allocator)"
+        title = self.title
         return (
             f"{STYLE}<div class='gpumem-report'><b>{html.escape(title)}</b><table><thead><tr><th></th>"
             f"<th>current</th><th>peak</th><th></th></tr></thead><tbody>{body}</tbody></table>{notes}</div>"
@@ -216,9 +273,9 @@ def read_stats(source: Any, device: int) -> dict[str, Any]:
 
 
 def summaries(source: Any, devices: Sequence[int]) -> list[AllocatorSummary]:
-    """The summary of each device (segments read once, for all of them)."""
+    """The summary of each device (segments read once, for all of them; none under cudaMallocAsync)."""
     stats = [read_stats(source, device) for device in devices]
-    segments = read_segments(source)
+    segments = read_segments(source) if allocator_backend().native else None
     return [build_summary(found, device, segments) for found, device in zip(stats, devices, strict=True)]
 
 

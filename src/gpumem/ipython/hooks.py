@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
+from gpumem.core.cuda_fault import fault_explanation, is_sticky_cuda_error, record_fault, take_untold
 from gpumem.core.session_io import SavedReport
 from gpumem.ipython import profile_cell, trace_cell
 from gpumem.ipython.arguments import complain, display
@@ -73,8 +74,24 @@ class CellHooks:
                 complain("could not finish measuring this cell", error)
         elif pending is not None and pending.no_code and pending.request is not None:
             _say_nothing_measured(pending.request)
+        elif result is not None and pending is not None and pending.request is None:
+            self._unmeasured_fault(result)
         if self.oom is not None:
             self.oom.post_run_cell(result)
+
+    def _unmeasured_fault(self, result: Any) -> None:
+        """A cell gpumem did not measure that left CUDA in an error state: said once, under it, all the same."""
+        error: BaseException | None = getattr(result, "error_in_exec", None)
+        count = getattr(result, "execution_count", None)
+        if error is not None and is_sticky_cuda_error(error):  # most errors are not: then nothing is read
+            try:
+                readings = self.state.monitor.snapshot().allocator  # the counters still read: the last good figures
+                record_fault(error, count, readings)
+            except Exception as failure:
+                complain("could not check this cell's CUDA error", failure)
+                return
+        for fault in take_untold():
+            print(f"gpumem: {fault_explanation(fault, count)}.")
 
     def close(self) -> None:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""

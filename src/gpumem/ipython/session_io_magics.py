@@ -49,7 +49,9 @@ def magic_summary(state: ExtensionState, line: str) -> None:
     """PyTorch's caching allocator, one line per figure saying what it means: allocated, reserved, active
     and inactive-split memory (all, large pool, small pool; current and peak), the free reserve, the
     largest free block and what empty_cache() would free (from the segments), segments, allocation
-    retries, out-of-memory errors, device mallocs and frees. Never starts CUDA.
+    retries, out-of-memory errors, device mallocs and frees. Under backend:cudaMallocAsync, CUDA's pool
+    allocates: only allocated, reserved and the free reserve mean something there, and only they are shown.
+    Never starts CUDA.
     """
     args = parse_argstring(magic_summary, line)
     source = state.monitor.source

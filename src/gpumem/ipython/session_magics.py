@@ -7,7 +7,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpumem.core.allocator_backend import allocator_line
 from gpumem.core.cells import CellRecord
+from gpumem.core.cuda_fault import fault_for
 from gpumem.core.files import ForeignFileError
 from gpumem.core.units import format_bytes
 from gpumem.ipython.arguments import (
@@ -162,6 +164,7 @@ def magic_status(state: ExtensionState, line: str) -> None:
     parse_argstring(magic_status, line)
     lines = ["gpumem status", *_now_lines(state)]
     lines.extend(f"  {reader:<8} {status}" for reader, status in state.monitor.status().items())
+    lines.append(f"  alloc    {allocator_line()}")
     sampler = state.monitor.sampler
     cost = sampler.cost()
     rate = f"{sampler.rate_hz:g} Hz"
@@ -199,9 +202,12 @@ def _now_lines(state: ExtensionState) -> list[str]:
     for device in devices:
         figures = []
         allocator = snapshot.allocator_for(device)
+        fault = fault_for(device)
         if allocator is not None:
             figures.append(f"allocated {format_bytes(allocator.allocated_bytes)}")
             figures.append(f"reserved {format_bytes(allocator.reserved_bytes)}")
+        elif fault is not None:  # not read since the CUDA error (the torch line says which)
+            figures.append(f"PyTorch's figures frozen {fault.where}")
         whole = snapshot.device_for(device)
         if whole is not None:
             figures.append(

@@ -11,6 +11,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from gpumem.core.allocator_backend import native_allocator
+from gpumem.core.cuda_fault import cuda_faults, status_text
 from gpumem.core.peaks import RunningPeak
 from gpumem.core.sources import DeviceInfo, Snapshot
 from gpumem.core.units import format_bytes
@@ -122,6 +124,10 @@ def _device_notes(snapshot: Snapshot, indices: Sequence[int], status: Mapping[st
     """Why PyTorch's or NVML's figures are missing, in a sentence."""
     torch_reason = _reason(status, "torch")
     nvml_reason = _reason(status, "nvml")
+    faults = cuda_faults()
+    if faults:  # a sticky CUDA error: PyTorch's figures stay frozen until the kernel restarts
+        return [_sentence("CUDA error: " + "; ".join(status_text(fault) for fault in faults.values()))
+                + " Device used (NVML) and host memory are still read."]
     if not indices:
         return [_sentence(f"No CUDA device is in use: {torch_reason or 'no GPU is visible to this process'}")]
     if not snapshot.allocator:
@@ -218,6 +224,14 @@ _CACHED_TIP = (
     "fragmentation only when no free piece is large enough for a request (gpumem warns under the cell then, "
     "and %gpumem status says so). Free returns the unused segments to the driver."
 )
+_ASYNC_CACHED_TIP = (  # backend:cudaMallocAsync: CUDA's pool, not PyTorch's segments, keeps it
+    "reserved - allocated: held by CUDA's memory pool (cudaMallocAsync), used by no tensor. Later allocations "
+    "reuse it. Free asks the pool to return what it does not use to the driver."
+)
+
+
+def _cached_tip() -> str:
+    return _CACHED_TIP if native_allocator() else _ASYNC_CACHED_TIP
 
 
 # The peak_span of a loaded session's header: its peaks are over the whole recording.
@@ -368,7 +382,7 @@ def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: float)
             sub=_peak_sub(model),
             note=_peak_gap(figures.peak_allocated_bytes, figures.peak_sampled_bytes),
         ),
-        _card("cached, unallocated", _size(figures.cached_free_bytes), _CACHED_TIP, sub="reserved - allocated"),
+        _card("cached, unallocated", _size(figures.cached_free_bytes), _cached_tip(), sub="reserved - allocated"),
     ]
     return (
         f'<div class="gm-title">{html.escape(_device_title(figures))}</div>'
@@ -381,7 +395,7 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
     devices = model.devices
     peak, cached = _peak_label(model), "cached, unallocated"
     titles = ("device", "allocated", "reserved", "device used", "of capacity", peak, cached)
-    tips = {peak: _peak_tip(model, "PyTorch allocation", "either"), cached: _CACHED_TIP}
+    tips = {peak: _peak_tip(model, "PyTorch allocation", "either"), cached: _cached_tip()}
     head = "".join(f'<th title="{html.escape(tips.get(h, ""))}">{h}</th>' for h in titles)
     rows: list[str] = []
     for f in devices:

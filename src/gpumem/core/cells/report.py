@@ -22,6 +22,7 @@ from gpumem.core.cells.history import (
 )
 from gpumem.core.cells.kinds import kinds_brief, kinds_line, kinds_since_earlier
 from gpumem.core.cells.record import CellRecord, DeviceChange, HostChange, VariableChange
+from gpumem.core.cuda_fault import FROZEN_PREFIX
 from gpumem.core.device_split import device_split_text, split_of
 from gpumem.core.units import format_bytes, format_delta
 
@@ -278,6 +279,8 @@ def _summary_text(record: CellRecord) -> str:
             f"cuda:{change.device} allocated {format_delta(change.allocated_delta_bytes)} (peak {peak}), "
             f"reserved {format_delta(change.reserved_delta_bytes)}"
         )
+    if record.cuda_note and record.cuda_note.startswith(FROZEN_PREFIX):  # not ±0 B: unknown since a CUDA error
+        parts.append(record.cuda_note.split(" (", 1)[0])
     if record.host is not None:
         parts.append(f"host {format_delta(record.host.rss_delta_bytes)}")
     by_kind = kinds_brief(record.kinds)

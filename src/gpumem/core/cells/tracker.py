@@ -44,6 +44,7 @@ from gpumem.core.cells.warnings import (
     peak_reset_warnings,
     variable_warnings,
 )
+from gpumem.core.cuda_fault import cuda_faults, fault_explanation, frozen_note, record_fault, take_untold
 from gpumem.core.fragmentation import ReserveReader
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
@@ -262,10 +263,14 @@ class CellTracker:
         assert start is not None
         status, error_text = classify_error(error)
         count = execution_count if execution_count is not None else cell.execution_count
+        fault = record_fault(error, count, end.allocator) if error is not None else None
         devices = device_changes(cell, start, end, options.devices, self._resets)
         host = host_change(cell, start, end)
         key, first_line = self._source_names(cell.source)
         warnings = self._figure_warnings(key, devices, start, end, host, status)
+        # Said once, here (or under the first cell measured after a fault seen elsewhere); later cells say
+        # their CUDA figures are frozen.
+        warnings[:0] = [CellWarning("cuda-error", fault_explanation(untold, count)) for untold in take_untold()]
         variables = self._variables(cell, namespace, options, count, devices, hidden)
         if variables.changes or variables.graph_paths:  # else there is nothing to warn of (most cells)
             warnings += variable_warnings(variables.changes, variables.graph_paths, variables.graph_saved_bytes)
@@ -273,7 +278,10 @@ class CellTracker:
             self.monitor.timeline, start, end, devices, variables, namespace, self.pattern_min_bytes
         )
         warnings += staircases
-        note = cuda_note(options.devices, devices, end, self.monitor.status)
+        faults = cuda_faults()
+        note = frozen_note(faults) if faults and fault is None else cuda_note(
+            options.devices, devices, end, self.monitor.status
+        )
         with self._lock:
             self._count += 1
             record = CellRecord(

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from gpumem.core.allocator_backend import native_allocator
+from gpumem.core.cuda_fault import cuda_faults
 from gpumem.core.holders.tensors import StorageKey
 from gpumem.core.workspaces import WorkspaceSizes
 
@@ -67,8 +69,10 @@ def split_remainder(
     rest = allocated - sum(counted.values()) - saved_total
     if blocks is not None:
         return _split_with_blocks(allocated, {**counted, **graph_saved}, saved_total, sizes, blocks)
-    rounding = sum(block_size(nbytes) - nbytes for nbytes in (*counted.values(), *graph_saved.values()))
-    rounding = min(rounding, max(rest, 0))
+    rounding = 0  # cudaMallocAsync counts what was asked for: no 512-byte blocks to round to
+    if native_allocator():
+        rounding = sum(block_size(nbytes) - nbytes for nbytes in (*counted.values(), *graph_saved.values()))
+        rounding = min(rounding, max(rest, 0))
     first = next(iter(sizes.values()), None)
     each = first.cublas_bytes if first is not None else 0
     count = (rest - rounding) // each if each and rest - rounding >= each else 0
@@ -150,8 +154,8 @@ def allocator_blocks(device_numbers: tuple[int, ...]) -> list[Block] | None:
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     try:
-        if cuda is None or not cuda.is_initialized():
-            return None
+        if cuda is None or not cuda.is_initialized() or not native_allocator() or cuda_faults():
+            return None  # cudaMallocAsync keeps no blocks of its own: memory_snapshot() raises
         if _segment_count(torch, device_numbers) > MAX_SEGMENTS_READ:
             return None  # the snapshot would cost tens of ms: the split is then an estimate, and says so
         segments: list[dict[str, Any]] = cuda.memory_snapshot()

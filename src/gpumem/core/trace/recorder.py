@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpumem.core.allocator_backend import not_native_reason
 from gpumem.core.collector import collector_paused
+from gpumem.core.cuda_fault import cuda_faults, status_text
 from gpumem.core.files import write_file
 from gpumem.core.torch_state import no_torch_reason
 
@@ -66,6 +68,9 @@ def _memory_api() -> tuple[_Memory | None, str | None]:
     torch = sys.modules.get("torch")
     if torch is None:
         return None, no_torch_reason("trace this one")
+    faults = cuda_faults()
+    if faults:  # recording would call CUDA, which fails there until a restart
+        return None, "; ".join(status_text(fault) for fault in faults.values())
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     record = getattr(memory, "_record_memory_history", None)
     snapshot = getattr(memory, "_snapshot", None)
@@ -78,6 +83,9 @@ def _memory_api() -> tuple[_Memory | None, str | None]:
         available = False
     if not available:
         return None, "no CUDA device is available to PyTorch (torch.cuda.is_available() is False)"
+    other = not_native_reason("allocation sites")  # cudaMallocAsync records no history
+    if other is not None:
+        return None, other
     enabled = getattr(getattr(torch, "_C", None), "_cuda_isHistoryEnabled", None)
     return _Memory(record, snapshot, enabled), None
 
