@@ -213,8 +213,8 @@ def test_in_the_shell_once_under_the_cell_then_status_free_and_reports(auto_shel
     assert source.calls[calls:] == []
     _, cap = run_cell_capture(ip, "%gpumem status")
     assert "  torch    unavailable: cuda:0 in an error state since cell [1]" in cap.stdout
-    assert "  nvml     ok" in cap.stdout and "host RSS" in cap.stdout
-    assert "  now      cuda:0 PyTorch's figures frozen since cell [1], device used " in cap.stdout
+    assert "  nvml     ok" in cap.stdout and "host RAM RSS" in cap.stdout
+    assert "  cuda:0   PyTorch's figures frozen since cell [1], device used " in cap.stdout
     _, cap = run_cell_capture(ip, "%gpumem free")
     assert "CUDA could not be emptied: cuda:0 in an error state since cell [1]" in cap.stdout + str(
         [o.data for o in cap.outputs]

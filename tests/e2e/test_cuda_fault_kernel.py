@@ -59,7 +59,7 @@ def test_a_device_side_assert_in_a_kernel_with_the_panel_and_automatic_mode(
     assert all("error state after this cell" not in text for number, text in enumerate(out) if number != 5), out
     assert "calls after 0" in out[7], out[7]
     assert "torch    unavailable: cuda:0 in an error state since cell [6]" in out[8], out[8]
-    assert "nvml     ok" in out[8] and "device used" in out[8] and "host RSS" in out[8], out[8]
+    assert "nvml     ok" in out[8] and "device used" in out[8] and "host RAM RSS" in out[8], out[8]
     assert "CUDA could not be emptied: cuda:0 in an error state since cell [6]" in out[9], out[9]
     assert "CUDA figures frozen: CUDA is in an error state on cuda:0 since cell [6]" in out[10], out[10]
     assert "cuda:0   allocated" not in out[10], out[10]
