@@ -678,3 +678,15 @@ def test_graph_warning_in_magic_cells_only_for_names_the_cell_changed(
     assert [w.message.split(" keep")[0] for w in record.warnings] == ["`outs[0]` … `outs[4]` (5 elements)"]
     ns["outs"] = [out.item() for out in ns["outs"]]
     assert cpu_tracker.standing_conditions(ns) == []
+
+
+def test_graph_warning_counts_elements_past_the_walks_cap() -> None:
+    """The walk keeps one path past its cap for a name; the warning then says 'more than N', never a wrong count."""
+    from gpumem.core.cells.warnings import graph_warning
+    from gpumem.core.holders.model import MAX_GRAPH_PATHS
+
+    exact = graph_warning([f"outs[{i}]" for i in range(MAX_GRAPH_PATHS)])
+    assert f"`outs[{MAX_GRAPH_PATHS - 1}]` ({MAX_GRAPH_PATHS} elements)" in exact.message
+    capped = graph_warning([f"outs[{i}]" for i in range(MAX_GRAPH_PATHS + 1)])
+    assert f"`outs[{MAX_GRAPH_PATHS - 1}]` (more than {MAX_GRAPH_PATHS} elements)" in capped.message
+    assert f"outs[{MAX_GRAPH_PATHS}]" not in capped.message

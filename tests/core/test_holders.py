@@ -574,3 +574,11 @@ def test_a_large_unexplained_remainder_points_to_cycles_unless_they_were_looked_
     assert "--cycles" not in find_holders({}, device="cuda", include_hidden=False, source=small).unattributed
     looked = find_holders({}, device="cuda", include_hidden=False, source=source, cycles=True)
     assert "--cycles" not in looked.unattributed
+
+
+def test_graph_paths_keep_one_past_the_cap_to_say_there_are_more() -> None:
+    from gpumem.core.holders.model import MAX_GRAPH_PATHS
+
+    w = torch.ones(3, requires_grad=True)
+    report = cpu({"outs": [(w * w).sum() for _ in range(20)], "w": w})
+    assert row(report, "outs").graph_paths == tuple(f"outs[{i}]" for i in range(MAX_GRAPH_PATHS + 1))

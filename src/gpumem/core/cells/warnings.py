@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from gpumem.core.cells.record import STATUS_OK, CellWarning, DeviceChange, VariableChange
+from gpumem.core.holders.model import MAX_GRAPH_PATHS
 from gpumem.core.peaks import PEAK_RESET_NOTE
 from gpumem.core.units import format_bytes, format_delta
 
@@ -181,7 +182,11 @@ def _group_indexed_paths(paths: Sequence[str]) -> list[str]:
     shown: list[str] = []
     for _prefix, members in groups:
         if len(members) >= _GROUPED_FROM:
-            shown.append(f"`{members[0]}` … `{members[-1]}` ({len(members)} elements)")
+            # The walk keeps one path past MAX_GRAPH_PATHS for a name: that one says there are more.
+            more = len(members) > MAX_GRAPH_PATHS
+            count = f"more than {MAX_GRAPH_PATHS}" if more else str(len(members))
+            last = members[MAX_GRAPH_PATHS - 1] if more else members[-1]
+            shown.append(f"`{members[0]}` … `{last}` ({count} elements)")
         else:
             shown.extend(f"`{member}`" for member in members)
     return shown

@@ -431,7 +431,7 @@ class Walker:
             self.graph_start(node)
         if keys:
             root.tensor_ids.add(tid)
-            if node is not None and len(root.graph_paths) < MAX_GRAPH_PATHS:
+            if node is not None and len(root.graph_paths) <= MAX_GRAPH_PATHS:  # one more: 'more than N'
                 root.graph_paths.append(path)
         if gradient is not None:
             self.tensor(gradient, f"{path}.grad", rank, GRADIENTS)
