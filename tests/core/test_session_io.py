@@ -457,3 +457,23 @@ def test_the_loaded_view_folds_each_cells_report_and_leaves_the_curves_to_the_pa
         assert CellReport(record)._repr_html_() in page
         assert f"data-cell='{record.execution_count}'><summary>" in page
     assert html.escape(repr(CellSummary(data.cells[0]))) in page
+
+
+def test_an_export_written_before_a_reading_gained_a_field_still_loads(tmp_path: Path) -> None:
+    """A field added to a reading later (with a default) may be absent from an older export: the default stands;
+    a field without a default is still required."""
+    source = FakeSource(devices=1, total_bytes=140 * GIB)
+    source.allocate(GIB)
+    target = tmp_path / "session.json"
+    write_session(capture_session(_timeline(), [], snapshot=source.snapshot()), target)
+    document = json.loads(target.read_text())
+    for reading in document["machine"]["snapshot"]["allocator"]:
+        del reading["live_allocations"]
+    target.write_text(json.dumps(document))
+    loaded = read_session(target)
+    assert loaded.snapshot is not None
+    assert [reading.live_allocations for reading in loaded.snapshot.allocator] == [-1]
+    del document["machine"]["snapshot"]["allocator"][0]["allocated_bytes"]
+    target.write_text(json.dumps(document))
+    with pytest.raises(SessionFormatError, match="allocated_bytes"):
+        read_session(target)

@@ -208,11 +208,14 @@ def _machine_from_json(value: Any) -> tuple[Snapshot | None, list[DeviceInfo]]:
 def _typed(cls: Any, item: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of ``cls`` from ``item``, each converted to its declared type (int, float, str; None kept)."""
     fields = _fields(cls, item)
-    missing = [name for name in cls._fields if name not in fields]
+    # A field with a default may be absent: an export written before that field existed.
+    missing = [name for name in cls._fields if name not in fields and name not in cls._field_defaults]
     if missing:
         raise KeyError(", ".join(missing))
     typed = {}
     for name, hint in typing.get_type_hints(cls).items():
+        if name not in fields:
+            continue  # absent with a default (checked above): the class's default stands
         kinds = [kind for kind in typing.get_args(hint) or (hint,) if kind is not type(None)]
         value = fields[name]
         if value is None and len(kinds) == len(typing.get_args(hint) or (hint,)):
