@@ -1,0 +1,231 @@
+"""A dry run: run code on fake copies of the user's objects, count, and predict per device.
+
+The user's namespace is copied (:mod:`~gpumem.core.predict.isolation`), the code runs on the copy under
+``FakeTensorMode`` inside the counting (:mod:`~gpumem.core.predict.tracking`) and the guards
+(:mod:`~gpumem.core.predict.guards`); then the copy is dropped. What the process holds now on each CUDA
+device (allocated, reserved, the allocator's segments, the CUDA context, whether the cuBLAS workspace is
+made) is read before, without creating a CUDA context, and the model starts from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+from gpumem.core.predict.guards import Refusal, guarded, refusal_from
+from gpumem.core.predict.isolation import Isolation, isolate
+from gpumem.core.predict.result import DevicePrediction, Prediction
+from gpumem.core.predict.tracking import StepTracker
+from gpumem.core.workspaces import workspace_sizes
+
+__all__ = ["DeviceNow", "dry_run", "read_devices"]
+
+
+class DeviceNow(NamedTuple):
+    """One CUDA device as the process has it now."""
+
+    allocated: int
+    reserved: int
+    free: int | None  # on the whole device (NVML), None when unknown
+    context: int | None  # this process's device memory outside PyTorch's reserve, None when unknown
+    workspace_bytes: int  # one cuBLAS workspace on it
+    workspace_made: bool
+    segments: list[tuple[int, bool, list[tuple[int, int, bool]]]]
+
+
+def read_devices() -> dict[str, DeviceNow]:
+    """Each CUDA device this process uses now (none before CUDA is initialized: nothing is held then)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return {}
+    nvml = _nvml_readings()
+    devices: dict[str, DeviceNow] = {}
+    for index in range(torch.cuda.device_count()):
+        stats = torch.cuda.memory_stats(index)
+        allocated = int(stats.get("allocated_bytes.all.current", 0))
+        reserved = int(stats.get("reserved_bytes.all.current", 0))
+        free, used = nvml.get(index, (None, None))
+        sizes = workspace_sizes(index)
+        each = sizes.cublas_bytes if sizes is not None else 0
+        segments = _segments(index)
+        made = any(
+            not free and size == each and len(blocks) == 1 for _, _, blocks in segments for _, size, free in blocks
+        )
+        context = None if used is None else max(used - reserved, 0)
+        devices[f"cuda:{index}"] = DeviceNow(allocated, reserved, free, context, each, made, segments)
+    return devices
+
+
+def _nvml_readings() -> dict[int, tuple[int, int | None]]:
+    from gpumem.core.sources import SystemSource
+
+    try:
+        snapshot = SystemSource().snapshot(process_memory=True)
+    except Exception:
+        return {}
+    return {reading.device: (reading.free_bytes, reading.process_used_bytes) for reading in snapshot.devices}
+
+
+def _segments(index: int) -> list[tuple[int, bool, list[tuple[int, int, bool]]]]:
+    """The allocator's segments on the device, for the model to start from (none under cudaMallocAsync)."""
+    try:
+        if torch.cuda.get_allocator_backend() != "native":
+            return []
+        snapshot = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call]
+    except Exception:
+        return []
+    segments = []
+    for segment in snapshot:
+        if segment.get("device") != index:
+            continue
+        address = int(segment["address"])
+        blocks, offset = [], address
+        for block in segment.get("blocks", []):
+            blocks.append((offset, int(block["size"]), block.get("state") == "inactive"))
+            offset += int(block["size"])
+        segments.append((address, segment.get("segment_type") == "small", blocks))
+    return sorted(segments)
+
+
+def dry_run(
+    run: Callable[[dict[str, Any]], Any],
+    namespace: Mapping[str, Any],
+    *,
+    filename: str,
+    first_line: int = 1,
+    skip: Iterable[str] = (),
+    capacity: int | None = None,
+    home: Mapping[str, Any] | None = None,
+) -> Prediction:
+    """Run ``run(copied namespace)`` as a dry run and predict; the user's objects are not touched.
+
+    ``filename`` is the one the code was compiled under (refusals name its lines, numbered from
+    ``first_line``); ``capacity`` replaces the free memory now as what the peak must fit in.
+    """
+    started = time.perf_counter()
+    now = read_devices()
+    try:
+        isolation = isolate(namespace, skip, home)
+    except Exception as error:
+        return Prediction(refusal=Refusal(f"the namespace could not be copied: {type(error).__name__}: {error}"))
+    tracker = StepTracker(
+        {name: 0 if device.workspace_made else device.workspace_bytes for name, device in now.items()}
+    )
+    for name, device in now.items():
+        tracker.models.setdefault(name, _seeded(device))
+    try:
+        figures = _counted(run, isolation, tracker, filename)
+    except (Exception, Refusal) as error:
+        refusal = refusal_from(error, filename, first_line)
+        return Prediction(refusal=refusal, faked=tuple(isolation.faked), seconds=time.perf_counter() - started)
+    finally:
+        isolation.namespace.clear()
+    devices = tuple(_device(name, figures, tracker, now.get(name), capacity) for name in sorted(figures[1]))
+    return Prediction(
+        devices=devices,
+        modules=tuple(sorted(tracker.module_figures(), key=lambda module: -module.forward_bytes)),
+        faked=tuple(isolation.faked),
+        shared=tuple(isolation.shared),
+        seconds=time.perf_counter() - started,
+        iterations=tracker.iterations,
+    )
+
+
+def _seeded(device: DeviceNow) -> Any:
+    from gpumem.core.predict.allocator import AllocatorModel
+
+    model = AllocatorModel()
+    model.seed(device.segments)
+    return model
+
+
+_Figures = tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], dict[str, dict[str, int]]]
+
+
+def _counted(
+    run: Callable[[dict[str, Any]], Any], isolation: Isolation, tracker: StepTracker, filename: str
+) -> _Figures:
+    """(before, peak, end) by device and kind."""
+    with guarded(filename), isolation.fake_mode:
+        tracker.adopt(isolation.roots, isolation.placements)
+        before = tracker.by_kind("current")
+        with tracker:
+            run(isolation.namespace)
+            end = tracker.by_kind("current")
+            peak = tracker.by_kind("peak")
+    for device, kinds in before.items():  # MemTracker's peak starts when it is entered: at least what was there
+        if peak.setdefault(device, kinds)["total"] < kinds["total"]:
+            peak[device] = kinds
+    return before, peak, end
+
+
+def _device(
+    name: str, figures: _Figures, tracker: StepTracker, now: DeviceNow | None, capacity: int | None
+) -> DevicePrediction:
+    before, peak, end = (figure.get(name, {"total": 0}) for figure in figures)
+    model = tracker.models.get(name)
+    if model is None or now is None:  # the CPU, or a CUDA device this process has not used yet
+        return _counted_device(name, before, peak, end, model, tracker, capacity)
+    workspace = tracker.workspaces_made.get(name, 0)
+    note = "made by the cell's first matmul" if workspace else ("made already" if now.workspace_made else "")
+    return DevicePrediction(
+        device=name,
+        allocated_now=now.allocated,
+        peak_allocated=now.allocated + model.peak_allocated,
+        end_allocated=now.allocated + model.allocated,
+        reserved_now=now.reserved,
+        peak_reserved=now.reserved + model.peak_reserved,
+        end_reserved=now.reserved + model.reserved,
+        context_bytes=now.context,
+        workspace_bytes=workspace,
+        workspace_note=note,
+        by_kind=_kinds(peak),
+        end_by_kind=_kinds(end),
+        capacity=capacity if capacity is not None else now.free,
+        capacity_source="--capacity" if capacity is not None else ("free now" if now.free is not None else ""),
+    )
+
+
+def _counted_device(
+    name: str,
+    before: dict[str, int],
+    peak: dict[str, int],
+    end: dict[str, int],
+    model: Any,
+    tracker: StepTracker,
+    capacity: int | None,
+) -> DevicePrediction:
+    """MemTracker's counts alone (the CPU), or with the model from an empty allocator (an unused CUDA device)."""
+    if model is None:
+        return DevicePrediction(
+            device=name,
+            allocated_now=before["total"],
+            peak_allocated=peak["total"],
+            end_allocated=end["total"],
+            by_kind=_kinds(peak),
+            end_by_kind=_kinds(end),
+            capacity=capacity,
+            capacity_source="--capacity" if capacity is not None else "",
+        )
+    workspace = tracker.workspaces_made.get(name, 0)
+    return DevicePrediction(
+        device=name,
+        allocated_now=before["total"],
+        peak_allocated=before["total"] + model.peak_allocated,
+        end_allocated=before["total"] + model.allocated,
+        reserved_now=0,
+        peak_reserved=model.peak_reserved,
+        end_reserved=model.reserved,
+        workspace_bytes=workspace,
+        workspace_note="made by the cell's first matmul" if workspace else "",
+        by_kind=_kinds(peak),
+        end_by_kind=_kinds(end),
+        capacity=capacity,
+        capacity_source="--capacity" if capacity is not None else "",
+    )
+
+
+def _kinds(peak: dict[str, int]) -> dict[str, int]:
+    return {kind: value for kind, value in peak.items() if kind != "total" and value}
