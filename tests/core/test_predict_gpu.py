@@ -65,7 +65,7 @@ def test_a_dry_run_takes_no_gpu_memory_and_changes_nothing(gpu: Any) -> None:
     assert result.success, cap.stderr
     text = "\n".join(output.data.get("text/plain", "") for output in cap.outputs)
     assert "cuda:0:" in text and "the memory free on the device now" in text, text
-    assert "CUDA context" in text
+    assert "CUDA context" in text or "NVML cannot tell this process's share" in text, text
     check = (
         "assert torch.cuda.max_memory_allocated() == before == torch.cuda.memory_allocated()\n"
         "assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))\n"

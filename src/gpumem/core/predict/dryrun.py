@@ -31,6 +31,7 @@ class DeviceNow(NamedTuple):
     reserved: int
     free: int | None  # on the whole device (NVML), None when unknown
     context: int | None  # this process's device memory outside PyTorch's reserve, None when unknown
+    context_is_device_wide: bool  # NVML could not tell this process's share: the whole device's used memory
     workspace_bytes: int  # one cuBLAS workspace on it
     workspace_made: bool
     segments: list[tuple[int, bool, list[tuple[int, int, bool]]]]
@@ -46,26 +47,31 @@ def read_devices() -> dict[str, DeviceNow]:
         stats = torch.cuda.memory_stats(index)
         allocated = int(stats.get("allocated_bytes.all.current", 0))
         reserved = int(stats.get("reserved_bytes.all.current", 0))
-        free, used = nvml.get(index, (None, None))
+        free, used, device_used = nvml.get(index, (None, None, None))
         sizes = workspace_sizes(index)
         each = sizes.cublas_bytes if sizes is not None else 0
         segments = _segments(index)
         made = any(
             not free and size == each and len(blocks) == 1 for _, _, blocks in segments for _, size, free in blocks
         )
+        wide = used is None and device_used is not None
+        used = device_used if used is None else used
         context = None if used is None else max(used - reserved, 0)
-        devices[f"cuda:{index}"] = DeviceNow(allocated, reserved, free, context, each, made, segments)
+        devices[f"cuda:{index}"] = DeviceNow(allocated, reserved, free, context, wide, each, made, segments)
     return devices
 
 
-def _nvml_readings() -> dict[int, tuple[int, int | None]]:
+def _nvml_readings() -> dict[int, tuple[int, int | None, int]]:
     from gpumem.core.sources import SystemSource
 
     try:
         snapshot = SystemSource().snapshot(process_memory=True)
     except Exception:
         return {}
-    return {reading.device: (reading.free_bytes, reading.process_used_bytes) for reading in snapshot.devices}
+    return {
+        reading.device: (reading.free_bytes, reading.process_used_bytes, reading.used_bytes)
+        for reading in snapshot.devices
+    }
 
 
 def _segments(index: int) -> list[tuple[int, bool, list[tuple[int, int, bool]]]]:
@@ -122,7 +128,13 @@ def dry_run(
         return Prediction(refusal=refusal, faked=tuple(isolation.faked), seconds=time.perf_counter() - started)
     finally:
         isolation.namespace.clear()
-    devices = tuple(_device(name, figures, tracker, now.get(name), capacity) for name in sorted(figures[1]))
+    names = sorted(set(figures[1]) | set(figures[0]))
+    cuda = any(name.startswith("cuda") for name in names)
+    # With CUDA in use, the CPU tensors a step touches (an optimizer's step counters) are shown but not
+    # compared with --capacity, which is about the GPU.
+    devices = tuple(
+        _device(name, figures, tracker, now.get(name), None if cuda and name == "cpu" else capacity) for name in names
+    )
     return Prediction(
         devices=devices,
         modules=tuple(sorted(tracker.module_figures(), key=lambda module: -module.forward_bytes)),
@@ -178,7 +190,9 @@ def _device(
         reserved_now=now.reserved,
         peak_reserved=now.reserved + model.peak_reserved,
         end_reserved=now.reserved + model.reserved,
+        reserved_is_bound=not now.segments and now.reserved > now.allocated,  # the cache could not be read
         context_bytes=now.context,
+        context_is_device_wide=now.context_is_device_wide,
         workspace_bytes=workspace,
         workspace_note=note,
         by_kind=_kinds(peak),

@@ -26,10 +26,12 @@ def _refusal_line(prediction: Prediction) -> str:
     return f"gpumem --predict: the dry run stopped at {where}: {refusal.reason}. Nothing was changed."
 
 
-def _device_lines(device: DevicePrediction) -> list[str]:
+def _device_lines(device: DevicePrediction, *, on_gpu: bool) -> list[str]:
     lines = [f"{device.device}:"]
+    # On the CPU the figures are the tensors the dry run saw (those the cell uses, and those it makes).
+    label = "allocated " if device.reserved_now is not None else "tensors   "
     lines.append(
-        f"  allocated  now {format_bytes(device.allocated_now)}  peak {format_bytes(device.peak_allocated)}"
+        f"  {label} now {format_bytes(device.allocated_now)}  peak {format_bytes(device.peak_allocated)}"
         f"  end of cell {format_bytes(device.end_allocated)}"
     )
     if device.peak_reserved is not None:
@@ -39,9 +41,12 @@ def _device_lines(device: DevicePrediction) -> list[str]:
             f"  end of cell {format_bytes(device.end_reserved or 0)}  (the caching allocator's segments){bound}"
         )
     if device.context_bytes is not None:
-        lines.append(
-            f"  CUDA context and other non-PyTorch memory of this process: {format_bytes(device.context_bytes)}"
+        what = (
+            "the device's other memory (NVML cannot tell this process's share: other processes included)"
+            if device.context_is_device_wide
+            else "this process's CUDA context and other non-PyTorch memory"
         )
+        lines.append(f"  {what}: {format_bytes(device.context_bytes)}")
     if device.workspace_bytes:
         lines.append(
             f"  cuBLAS workspace {format_bytes(device.workspace_bytes)}: {device.workspace_note} (in the peak)"
@@ -50,7 +55,8 @@ def _device_lines(device: DevicePrediction) -> list[str]:
         kinds = sorted(figures.items(), key=lambda item: _KIND_ORDER.index(item[0]) if item[0] in _KIND_ORDER else 99)
         if kinds:
             lines.append(f"  {when}: " + ", ".join(f"{kind} {format_bytes(value)}" for kind, value in kinds))
-    lines.append("  " + _fits_line(device))
+    if device.capacity is not None or device.device != "cpu" or not on_gpu:
+        lines.append("  " + _fits_line(device))
     return lines
 
 
@@ -73,8 +79,9 @@ def render_text(prediction: Prediction) -> str:
         return _refusal_line(prediction)
     steps = "" if prediction.iterations == 1 else f", {prediction.iterations} forward passes of the root module"
     lines = [f"gpumem --predict: dry run on fake tensors in {format_duration(prediction.seconds)}{steps}"]
+    on_gpu = any(device.device.startswith("cuda") for device in prediction.devices)
     for device in prediction.devices:
-        lines.extend(_device_lines(device))
+        lines.extend(_device_lines(device, on_gpu=on_gpu))
     if not prediction.devices:
         lines.append("  the cell allocates no tensor memory")
     modules = [module for module in prediction.modules if module.forward_bytes > 0][:MODULES_SHOWN]

@@ -29,6 +29,7 @@ class DevicePrediction:
     end_reserved: int | None = None
     reserved_is_bound: bool = False  # the cached free memory now was not reused in the model: an upper bound
     context_bytes: int | None = None  # this process's memory on the device outside PyTorch's (CUDA context...)
+    context_is_device_wide: bool = False  # the context figure is the whole device's use less PyTorch's reserve
     workspace_bytes: int = 0  # a cuBLAS workspace the cell's first matmul would make (counted in the peaks)
     workspace_note: str = ""
     by_kind: dict[str, int] = field(default_factory=dict)  # at the peak, MemTracker's kinds (512 B rounded)
