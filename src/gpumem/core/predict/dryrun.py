@@ -33,7 +33,7 @@ class DeviceNow(NamedTuple):
     context: int | None  # this process's device memory outside PyTorch's reserve, None when unknown
     context_is_device_wide: bool  # NVML could not tell this process's share: the whole device's used memory
     workspace_bytes: int  # one cuBLAS workspace on it
-    workspace_made: bool
+    workspace_blocks: tuple[int, ...]  # addresses of allocated blocks that may be the cuBLAS workspace
     segments: list[tuple[int, bool, list[tuple[int, int, bool]]]]
 
 
@@ -51,8 +51,14 @@ def read_devices() -> dict[str, DeviceNow]:
         sizes = workspace_sizes(index)
         each = sizes.cublas_bytes if sizes is not None else 0
         segments = _segments(index)
-        made = any(
-            not free and size == each and len(blocks) == 1 for _, _, blocks in segments for _, size, free in blocks
+        # A workspace fills a segment of its own: its candidates (a tensor of that size could be one too; the
+        # dry run drops those that a copied tensor's storage starts at).
+        made = tuple(
+            address
+            for _, _, blocks in segments
+            if len(blocks) == 1
+            for address, size, free in blocks
+            if not free and size == each
         )
         wide = used is None and device_used is not None
         used = device_used if used is None else used
@@ -116,9 +122,9 @@ def dry_run(
         isolation = isolate(namespace, skip, home)
     except Exception as error:
         return Prediction(refusal=Refusal(f"the namespace could not be copied: {type(error).__name__}: {error}"))
-    tracker = StepTracker(
-        {name: 0 if device.workspace_made else device.workspace_bytes for name, device in now.items()}
-    )
+    tensors = {address for _, address in isolation.placements}
+    made = {name: bool(set(device.workspace_blocks) - tensors) for name, device in now.items()}
+    tracker = StepTracker({name: 0 if made[name] else device.workspace_bytes for name, device in now.items()})
     for name, device in now.items():
         tracker.models.setdefault(name, _seeded(device))
     try:
@@ -133,7 +139,8 @@ def dry_run(
     # With CUDA in use, the CPU tensors a step touches (an optimizer's step counters) are shown but not
     # compared with --capacity, which is about the GPU.
     devices = tuple(
-        _device(name, figures, tracker, now.get(name), None if cuda and name == "cpu" else capacity) for name in names
+        _device(name, figures, tracker, now.get(name), None if cuda and name == "cpu" else capacity, made.get(name))
+        for name in names
     )
     return Prediction(
         devices=devices,
@@ -174,14 +181,19 @@ def _counted(
 
 
 def _device(
-    name: str, figures: _Figures, tracker: StepTracker, now: DeviceNow | None, capacity: int | None
+    name: str,
+    figures: _Figures,
+    tracker: StepTracker,
+    now: DeviceNow | None,
+    capacity: int | None,
+    workspace_made: bool | None,
 ) -> DevicePrediction:
     before, peak, end = (figure.get(name, {"total": 0}) for figure in figures)
     model = tracker.models.get(name)
     if model is None or now is None:  # the CPU, or a CUDA device this process has not used yet
         return _counted_device(name, before, peak, end, model, tracker, capacity)
     workspace = tracker.workspaces_made.get(name, 0)
-    note = "made by the cell's first matmul" if workspace else ("made already" if now.workspace_made else "")
+    note = "made by the cell's first matmul" if workspace else ("made already" if workspace_made else "")
     return DevicePrediction(
         device=name,
         allocated_now=now.allocated,
