@@ -14,6 +14,7 @@ import contextlib
 import io
 import random
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -72,17 +73,20 @@ def _value_reads_refused(stack: contextlib.ExitStack, filename: str) -> None:
                 stack.enter_context(_patched(owner, name, _value_read(name, getattr(owner, name), filename)))
 
 
-def _refuse(reason: str) -> Callable[..., Any]:
+def _refuse(reason: str, original: Callable[..., Any], thread: int) -> Callable[..., Any]:
+    """``original``, refused in the dry run's thread (other threads, the kernel's own, go on as before)."""
+
     def refused(*args: Any, **kwargs: Any) -> Any:
-        del args, kwargs
+        if threading.get_ident() != thread:
+            return original(*args, **kwargs)
         raise Refusal(reason)
 
     return refused
 
 
-def _open_for_reading(original: Callable[..., Any]) -> Callable[..., Any]:
+def _open_for_reading(original: Callable[..., Any], thread: int) -> Callable[..., Any]:
     def guarded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if any(flag in str(mode) for flag in "wax+"):
+        if threading.get_ident() == thread and any(flag in str(mode) for flag in "wax+"):
             raise Refusal(f"open({file!r}, {mode!r}) writes a file")
         return original(file, mode, *args, **kwargs)
 
@@ -126,14 +130,14 @@ def guarded(filename: str) -> Iterator[io.StringIO]:
     """Run the dry run inside this: refusals armed, random states kept, output captured (yielded)."""
     captured = io.StringIO()
     loader = torch.utils.data.DataLoader
+    thread = threading.get_ident()
+    iterating = "iterating a DataLoader reads real data (its workers and files)"
     with contextlib.ExitStack() as stack:
         stack.enter_context(_random_states_kept())
-        stack.enter_context(_patched(builtins, "open", _open_for_reading(builtins.open)))
-        stack.enter_context(_patched(io, "open", _open_for_reading(io.open)))
-        stack.enter_context(_patched(torch, "save", _refuse("torch.save writes a file")))
-        stack.enter_context(
-            _patched(loader, "__iter__", _refuse("iterating a DataLoader reads real data (its workers and files)"))
-        )
+        stack.enter_context(_patched(builtins, "open", _open_for_reading(builtins.open, thread)))
+        stack.enter_context(_patched(io, "open", _open_for_reading(io.open, thread)))
+        stack.enter_context(_patched(torch, "save", _refuse("torch.save writes a file", torch.save, thread)))
+        stack.enter_context(_patched(loader, "__iter__", _refuse(iterating, loader.__iter__, thread)))
         stack.enter_context(contextlib.redirect_stdout(captured))
         stack.enter_context(contextlib.redirect_stderr(captured))
         _value_reads_refused(stack, filename)
