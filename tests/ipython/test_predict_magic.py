@@ -111,3 +111,29 @@ def test_predict_is_not_measured_as_a_cell(shell: Any) -> None:
     before = len(state.tracker.history)
     run_cell_capture(shell, "%%gpumem --predict --capacity 1GiB\n" + STEP)
     assert len(state.tracker.history) == before
+
+
+def test_magics_inside_the_cell_are_refused_by_line(shell: Any) -> None:
+    """``%time`` would run its statement for real, on the user's objects."""
+    _, cap = run_cell_capture(shell, "%%gpumem --predict\nx = torch.randn(2, 512)\n%time y = model(x)\n")
+    assert "stopped at line 3" in _text(cap) and "magics" in _text(cap)
+    assert "y" not in shell.user_ns and "x" not in shell.user_ns
+
+
+def test_a_syntax_error_is_named_by_line(shell: Any) -> None:
+    _, cap = run_cell_capture(shell, "%%gpumem --predict\nx = 1\ny = (\n")
+    assert "stopped at line 3" in _text(cap) and "not valid Python" in _text(cap)
+
+
+def test_the_python_api_prints_the_same_report(shell: Any) -> None:
+    cell = (
+        "import gpumem\n"
+        "def step(n):\n    model(torch.randn(n, 512)).sum().backward()\n"
+        "print(gpumem.predict(step, 8))\n"
+        "print(gpumem.search_batch(step, 1, 4096, capacity='32MiB'))\n"
+    )
+    result, cap = run_cell_capture(shell, cell)
+    assert result.success, cap.stderr
+    assert "gpumem --predict: dry run on fake tensors" in cap.stdout
+    assert "largest n that fits:" in cap.stdout
+    assert shell.user_ns["model"][0].weight.grad is None

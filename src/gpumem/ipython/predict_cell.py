@@ -60,10 +60,25 @@ def show(shell: Any, request: PredictRequest, body: str) -> None:
     display(text=str(result), html=result._repr_html_())
 
 
+def _magic_line(body: str, source: str) -> int | None:
+    """The first line (1-based, of the body) that IPython turned into a call of itself (a magic, ``!cmd``)."""
+    original = body.splitlines()
+    for number, line in enumerate(source.splitlines(), start=1):
+        if "get_ipython()" in line and (number > len(original) or "get_ipython()" not in original[number - 1]):
+            return number
+    return None
+
+
 def _run(shell: Any, request: PredictRequest, body: str) -> Any:
     from gpumem.core.predict import api, batch
 
     source = shell.transform_cell(body)
+    magic = _magic_line(body, source)
+    if magic is not None:
+        from gpumem.core.predict import Prediction, Refusal
+
+        reason = "IPython magics and shell commands would run for real, on your objects: a dry run cannot run them"
+        return Prediction(refusal=Refusal(reason, magic + _FIRST_BODY_LINE - 1))
     skip = set(getattr(shell, "user_ns_hidden", {})) | {"In", "Out", "get_ipython", "exit", "quit"}
     skip.update(name for name in shell.user_ns if _OUTPUT_NAME.match(name))
     namespace = shell.user_ns
