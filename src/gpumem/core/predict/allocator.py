@@ -93,6 +93,8 @@ class AllocatorModel:
     peak_allocated: int = 0
     peak_reserved: int = 0
     segments_made: int = 0
+    end_allocated: int = 0  # allocated and reserved when the replayed code ended (see keep_end)
+    end_reserved: int = 0
     _free: dict[bool, list[tuple[int, int, int]]] = field(default_factory=lambda: {True: [], False: []})
     _where: dict[tuple[int, int, int], _Block] = field(default_factory=dict)  # free blocks by key
     _live: dict[object, _Block] = field(default_factory=dict)  # the caller's key -> its block
@@ -165,6 +167,10 @@ class AllocatorModel:
         self.release(key)
         if nbytes > 0:
             self.allocate(key, nbytes)
+
+    def keep_end(self) -> None:
+        """Remember the figures now as the end of the replayed code (what is freed later is not its doing)."""
+        self.end_allocated, self.end_reserved = self.allocated, self.reserved
 
     # The pools --------------------------------------------------------------------------------
     def _take_free(self, size: int, small: bool) -> _Block | None:

@@ -173,6 +173,7 @@ def _counted(
         with tracker:
             run(isolation.namespace)
             end = tracker.by_kind("current")
+            tracker.keep_end()  # the copies are dropped afterwards, which frees them in the model too
             peak = tracker.by_kind("peak")
     for device, kinds in before.items():  # MemTracker's peak starts when it is entered: at least what was there
         if peak.setdefault(device, kinds)["total"] < kinds["total"]:
@@ -198,10 +199,10 @@ def _device(
         device=name,
         allocated_now=now.allocated,
         peak_allocated=now.allocated + model.peak_allocated,
-        end_allocated=now.allocated + model.allocated,
+        end_allocated=now.allocated + model.end_allocated,
         reserved_now=now.reserved,
         peak_reserved=now.reserved + model.peak_reserved,
-        end_reserved=now.reserved + model.reserved,
+        end_reserved=now.reserved + model.end_reserved,
         reserved_is_bound=not now.segments and now.reserved > now.allocated,  # the cache could not be read
         context_bytes=now.context,
         context_is_device_wide=now.context_is_device_wide,
@@ -240,10 +241,10 @@ def _counted_device(
         device=name,
         allocated_now=before["total"],
         peak_allocated=before["total"] + model.peak_allocated,
-        end_allocated=before["total"] + model.allocated,
+        end_allocated=before["total"] + model.end_allocated,
         reserved_now=0,
         peak_reserved=model.peak_reserved,
-        end_reserved=model.reserved,
+        end_reserved=model.end_reserved,
         workspace_bytes=workspace,
         workspace_note="made by the cell's first matmul" if workspace else "",
         by_kind=_kinds(peak),

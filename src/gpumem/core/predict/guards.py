@@ -167,7 +167,10 @@ def _reason(error: BaseException) -> str:
         return f"operator {error.func} has no fake kernel (a C extension?), so it cannot be dry-run"
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if "not linked with support for cuda" in text.lower():
-        return "this torch is a CPU-only build: it cannot make (fake) CUDA tensors; move the cell's tensors to the cpu"
+        return (
+            "this torch is a CPU-only build: it cannot move tensors to CUDA, not even fake ones; dry-run the cell with "
+            "its tensors on the cpu, or on a machine with CUDA"
+        )
     if "data-dependent" in text.lower() or "data dependent" in text.lower():
         return f"the cell depends on a tensor's value, which a dry run does not have ({text[:160]})"
     return f"the dry run raised {type(error).__name__}: {text[:200]}"

@@ -47,6 +47,11 @@ def _device_lines(device: DevicePrediction, *, on_gpu: bool) -> list[str]:
             else "this process's CUDA context and other non-PyTorch memory"
         )
         lines.append(f"  {what}: {format_bytes(device.context_bytes)}")
+    elif device.device.startswith("cuda"):
+        lines.append(
+            "  not counted: the CUDA context this process would create (this process has not used the device yet)"
+            + ("" if device.workspace_bytes else " and the cuBLAS workspace of a first matmul")
+        )
     if device.workspace_bytes:
         lines.append(
             f"  cuBLAS workspace {format_bytes(device.workspace_bytes)}: {device.workspace_note} (in the peak)"

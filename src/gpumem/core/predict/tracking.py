@@ -145,6 +145,11 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
             if known is None or grown > known.forward_bytes:
                 self.modules[stats.mod_fqn] = ModuleFigures(stats.mod_fqn, int(stats.parameter_mem), grown)
 
+    def keep_end(self) -> None:
+        """The end of the cell: each allocator model keeps its figures now."""
+        for model in self.models.values():
+            model.keep_end()
+
     def module_figures(self) -> list[ModuleFigures]:
         """Every module seen, the iteration with the most forward growth of each."""
         self._keep_module_figures()
