@@ -170,7 +170,8 @@ class HeaderTransformer:
     (``%%time`` above ``%%gpumem``), it starts the measurement. When the next line is another cell
     magic the header is only dropped (a cell magic must come first). A header with invalid
     arguments is left in place: IPython then calls the magic, which reports the error without
-    running the body, as any cell magic would.
+    running the body, as any cell magic would. So is a ``--predict`` or ``--batch`` header: the magic
+    then gets the body as text and dry-runs it (:mod:`gpumem.ipython.predict_cell`); the body never runs.
 
     IPython caches the transformed cell for its tracebacks (``linecache``, under the cell's name),
     so they would show that call as line 1; when the call runs, :meth:`show_header_in_tracebacks`
