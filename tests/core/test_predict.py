@@ -325,15 +325,19 @@ def test_the_model_starts_from_the_real_segments() -> None:
     assert model.reserved == 0
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only torch can dry-run")
-def test_a_cpu_only_torch_predicts_cuda_factories_and_refuses_moves() -> None:
-    """Fake CUDA tensors made by factories work without CUDA; the allocator model then gives the segments."""
-    cell = "b = torch.empty(11 << 20, dtype=torch.uint8, device='cuda')\na = torch.randn(1024, 1024, device='cuda')\n"
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="checks what a CPU-only torch refuses")
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "w = torch.randn(64, 64, device='cuda', requires_grad=True)\n(w @ w).sum().backward()\n",
+        "x = torch.randn(4, device='cuda')\n",
+        "m = torch.nn.Linear(4, 4).cuda()\n",
+    ],
+    ids=["autograd", "factory", "move"],
+)
+def test_a_cpu_only_torch_refuses_cuda_tensors(cell: str) -> None:
+    """Such a torch makes fake CUDA tensors from factories, but its autograd then aborts the process
+    ("PyTorch is not linked with support for cuda devices"): the first CUDA tensor stops the dry run."""
     prediction = predict_source(cell, {"torch": torch})
-    device = prediction.device("cuda:0")
-    assert device is not None, prediction
-    assert device.end_allocated == 12 * MIB + 4 * MIB  # 11 MiB takes a 12 MiB segment whole
-    assert device.peak_reserved == 12 * MIB + 20 * MIB  # 4 MiB: a 20 MiB segment of the large pool
-    assert "not counted: the CUDA context" in str(prediction)
-    moved = predict_source("m = torch.nn.Linear(4, 4).cuda()\n", {"torch": torch})
-    assert moved.refusal is not None and "CPU-only build" in moved.refusal.reason
+    assert prediction.refusal is not None and "CPU-only build" in prediction.refusal.reason
+    assert prediction.refusal.line == 1

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._subclasses import fake_tensor
 
-__all__ = ["Refusal", "guarded", "refusal_from"]
+__all__ = ["NO_CUDA", "Refusal", "guarded", "refusal_from"]
 
 
 class Refusal(Exception):  # noqa: N818 - a refusal, not an error of gpumem's
@@ -33,6 +33,11 @@ class Refusal(Exception):  # noqa: N818 - a refusal, not an error of gpumem's
         self.reason = reason
         self.line = line
 
+
+NO_CUDA = (
+    "this torch is a CPU-only build: it cannot dry-run CUDA tensors (not even fake ones); dry-run the cell with "
+    "its tensors on the cpu, or on a machine with CUDA"
+)
 
 _VALUE_READS = {
     "item": ".item() reads a tensor's value",
@@ -167,10 +172,7 @@ def _reason(error: BaseException) -> str:
         return f"operator {error.func} has no fake kernel (a C extension?), so it cannot be dry-run"
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if "not linked with support for cuda" in text.lower():
-        return (
-            "this torch is a CPU-only build: it cannot move tensors to CUDA, not even fake ones; dry-run the cell with "
-            "its tensors on the cpu, or on a machine with CUDA"
-        )
+        return NO_CUDA
     if "data-dependent" in text.lower() or "data dependent" in text.lower():
         return f"the cell depends on a tensor's value, which a dry run does not have ({text[:160]})"
     return f"the dry run raised {type(error).__name__}: {text[:200]}"

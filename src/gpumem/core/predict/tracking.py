@@ -15,8 +15,11 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState, _UpdateType
+from torch.utils._pytree import tree_leaves
 
 from gpumem.core.predict.allocator import AllocatorModel
+from gpumem.core.predict.guards import NO_CUDA as _NO_CUDA
+from gpumem.core.predict.guards import Refusal
 
 __all__ = ["KIND_NAMES", "ModuleFigures", "StepTracker"]
 
@@ -31,6 +34,7 @@ KIND_NAMES = {
     "Other": "other tensors",
 }
 _TOTAL = "Total"
+_CUDA_BUILT = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
 # Operators that run on cuBLAS: the first of them on a stream allocates its workspace.
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation"})
 
@@ -76,7 +80,13 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN204
         if func.overloadpacket.__name__ in _MATMULS:
             self._first_matmul(args)
-        return super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
+        result = super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
+        if not _CUDA_BUILT and any(
+            isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" for leaf in tree_leaves(result)
+        ):
+            # A CPU-only torch makes fake CUDA tensors, but its autograd aborts the process on them.
+            raise Refusal(_NO_CUDA)
+        return result
 
     def _first_matmul(self, args: Any) -> None:
         device = next((arg.device for arg in args if isinstance(arg, torch.Tensor)), None)
