@@ -341,3 +341,28 @@ def test_a_cpu_only_torch_refuses_cuda_tensors(cell: str) -> None:
     prediction = predict_source(cell, {"torch": torch})
     assert prediction.refusal is not None and "CPU-only build" in prediction.refusal.reason
     assert prediction.refusal.line == 1
+
+
+def test_empty_cache_gives_back_whole_free_segments() -> None:
+    model = AllocatorModel()
+    model.allocate("a", 4 * MIB)
+    model.allocate("b", 30 * MIB)
+    model.allocate("c", 100)
+    model.release("a")
+    model.release("c")
+    model.empty_cache()
+    assert model.reserved == 30 * MIB  # the 20 MiB and 2 MiB segments went back; b's is in use
+    assert model.peak_reserved == 52 * MIB
+
+
+def test_a_cells_empty_cache_and_counter_resets_do_not_reach_the_real_allocator() -> None:
+    calls: list[str] = []
+    original = torch.cuda.empty_cache
+    torch.cuda.empty_cache = lambda: calls.append("real")  # type: ignore[assignment]
+    try:
+        prediction = predict_source("torch.cuda.empty_cache()\nx = torch.ones(3)\n", {"torch": torch})
+    finally:
+        torch.cuda.empty_cache = original
+    assert prediction.refusal is None and calls == []
+    refused = predict_source("x = 1\ntorch.cuda.reset_peak_memory_stats()\n", {"torch": torch})
+    assert refused.refusal is not None and refused.refusal.line == 2 and "your own memory counters" in str(refused)

@@ -168,6 +168,15 @@ class AllocatorModel:
         if nbytes > 0:
             self.allocate(key, nbytes)
 
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: every segment that is one free block is given back."""
+        for small in (True, False):
+            whole = [self._where[key] for key in self._free[small]]
+            for block in whole:
+                if block.prev is None and block.next is None and block.offset == 0:
+                    self._drop_free(block)
+                    self.reserved -= block.size
+
     def keep_end(self) -> None:
         """Remember the figures now as the end of the replayed code (what is freed later is not its doing)."""
         self.end_allocated, self.end_reserved = self.allocated, self.reserved

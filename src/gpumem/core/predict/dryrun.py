@@ -167,7 +167,7 @@ def _counted(
     run: Callable[[dict[str, Any]], Any], isolation: Isolation, tracker: StepTracker, filename: str
 ) -> _Figures:
     """(before, peak, end) by device and kind."""
-    with guarded(filename), isolation.fake_mode:
+    with guarded(filename, tracker.empty_cache), isolation.fake_mode:
         tracker.adopt(isolation.roots, isolation.placements)
         before = tracker.by_kind("current")
         with tracker:

@@ -130,9 +130,29 @@ def _random_states_kept() -> Iterator[None]:
             numpy_random.set_state(numpy_state)
 
 
+def _counters_kept(stack: contextlib.ExitStack, thread: int, empty_cache: Callable[[], None] | None) -> None:
+    cuda = torch.cuda
+    for name in ("reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats"):
+        reason = f"torch.cuda.{name}() resets your own memory counters"
+        stack.enter_context(_patched(cuda, name, _refuse(reason, getattr(cuda, name), thread)))
+    original = cuda.empty_cache
+
+    def modelled_empty_cache() -> None:
+        if threading.get_ident() != thread:
+            original()
+        elif empty_cache is not None:
+            empty_cache()
+
+    stack.enter_context(_patched(cuda, "empty_cache", modelled_empty_cache))
+
+
 @contextlib.contextmanager
-def guarded(filename: str) -> Iterator[io.StringIO]:
-    """Run the dry run inside this: refusals armed, random states kept, output captured (yielded)."""
+def guarded(filename: str, empty_cache: Callable[[], None] | None = None) -> Iterator[io.StringIO]:
+    """Run the dry run inside this: refusals armed, random states kept, output captured (yielded).
+
+    The cell's ``torch.cuda.empty_cache()`` calls ``empty_cache`` (the allocator model's) instead of
+    emptying the real cache; resetting PyTorch's memory counters is refused (they are the user's).
+    """
     captured = io.StringIO()
     loader = torch.utils.data.DataLoader
     thread = threading.get_ident()
@@ -143,6 +163,7 @@ def guarded(filename: str) -> Iterator[io.StringIO]:
         stack.enter_context(_patched(io, "open", _open_for_reading(io.open, thread)))
         stack.enter_context(_patched(torch, "save", _refuse("torch.save writes a file", torch.save, thread)))
         stack.enter_context(_patched(loader, "__iter__", _refuse(iterating, loader.__iter__, thread)))
+        _counters_kept(stack, thread, empty_cache)
         stack.enter_context(contextlib.redirect_stdout(captured))
         stack.enter_context(contextlib.redirect_stderr(captured))
         _value_reads_refused(stack, filename)

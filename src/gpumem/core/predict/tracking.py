@@ -155,6 +155,11 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
             if known is None or grown > known.forward_bytes:
                 self.modules[stats.mod_fqn] = ModuleFigures(stats.mod_fqn, int(stats.parameter_mem), grown)
 
+    def empty_cache(self) -> None:
+        """The cell's ``torch.cuda.empty_cache()``: each model releases its free segments."""
+        for model in self.models.values():
+            model.empty_cache()
+
     def keep_end(self) -> None:
         """The end of the cell: each allocator model keeps its figures now."""
         for model in self.models.values():
