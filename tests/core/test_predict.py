@@ -366,3 +366,15 @@ def test_a_cells_empty_cache_and_counter_resets_do_not_reach_the_real_allocator(
     assert prediction.refusal is None and calls == []
     refused = predict_source("x = 1\ntorch.cuda.reset_peak_memory_stats()\n", {"torch": torch})
     assert refused.refusal is not None and refused.refusal.line == 2 and "your own memory counters" in str(refused)
+
+
+def test_global_torch_settings_are_put_back() -> None:
+    cell = (
+        "torch.set_grad_enabled(False)\ntorch.backends.cudnn.benchmark = True\ntorch.set_default_dtype(torch.float64)\n"
+    )
+    benchmark = torch.backends.cudnn.benchmark
+    prediction = predict_source(cell, {"torch": torch})
+    assert prediction.refusal is None
+    assert torch.is_grad_enabled()
+    assert torch.backends.cudnn.benchmark == benchmark
+    assert torch.get_default_dtype() == torch.float32

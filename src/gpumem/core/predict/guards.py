@@ -130,6 +130,32 @@ def _random_states_kept() -> Iterator[None]:
             numpy_random.set_state(numpy_state)
 
 
+@contextlib.contextmanager
+def _settings_kept() -> Iterator[None]:
+    """Global torch settings a cell may change (``torch.set_grad_enabled(False)``, ``cudnn.benchmark = True``)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (
+        torch.is_grad_enabled(),
+        torch.get_default_dtype(),
+        torch.get_float32_matmul_precision(),
+        torch.are_deterministic_algorithms_enabled(),
+        cudnn.benchmark,
+        cudnn.deterministic,
+        cudnn.allow_tf32,
+        matmul.allow_tf32,
+    )
+    try:
+        yield
+    finally:
+        grad, dtype, precision, deterministic, benchmark, cudnn_deterministic, cudnn_tf32, matmul_tf32 = saved
+        torch.set_grad_enabled(grad)
+        torch.set_default_dtype(dtype)
+        torch.set_float32_matmul_precision(precision)
+        torch.use_deterministic_algorithms(deterministic)
+        cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32 = benchmark, cudnn_deterministic, cudnn_tf32
+        matmul.allow_tf32 = matmul_tf32
+
+
 def _counters_kept(stack: contextlib.ExitStack, thread: int, empty_cache: Callable[[], None] | None) -> None:
     cuda = torch.cuda
     for name in ("reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats"):
@@ -159,6 +185,7 @@ def guarded(filename: str, empty_cache: Callable[[], None] | None = None) -> Ite
     iterating = "iterating a DataLoader reads real data (its workers and files)"
     with contextlib.ExitStack() as stack:
         stack.enter_context(_random_states_kept())
+        stack.enter_context(_settings_kept())
         stack.enter_context(_patched(builtins, "open", _open_for_reading(builtins.open, thread)))
         stack.enter_context(_patched(io, "open", _open_for_reading(io.open, thread)))
         stack.enter_context(_patched(torch, "save", _refuse("torch.save writes a file", torch.save, thread)))
