@@ -123,8 +123,8 @@ def dry_run(
     except Exception as error:
         return Prediction(refusal=Refusal(f"the namespace could not be copied: {type(error).__name__}: {error}"))
     tensors = {address for _, address in isolation.placements}
-    made = {name: bool(set(device.workspace_blocks) - tensors) for name, device in now.items()}
-    tracker = StepTracker({name: 0 if made[name] else device.workspace_bytes for name, device in now.items()})
+    made = {name: len(set(device.workspace_blocks) - tensors) for name, device in now.items()}
+    tracker = StepTracker({name: (device.workspace_bytes, made[name]) for name, device in now.items()})
     for name, device in now.items():
         tracker.models.setdefault(name, _seeded(device))
     try:
@@ -187,14 +187,18 @@ def _device(
     tracker: StepTracker,
     now: DeviceNow | None,
     capacity: int | None,
-    workspace_made: bool | None,
+    workspaces_made: int | None,
 ) -> DevicePrediction:
     before, peak, end = (figure.get(name, {"total": 0}) for figure in figures)
     model = tracker.models.get(name)
     if model is None or now is None:  # the CPU, or a CUDA device this process has not used yet
         return _counted_device(name, before, peak, end, model, tracker, capacity)
     workspace = tracker.workspaces_made.get(name, 0)
-    note = "made by the cell's first matmul" if workspace else ("made already" if workspace_made else "")
+    note = (
+        "made by the cell's matmuls (one per thread: the forward's and autograd's)"
+        if workspace
+        else (f"{workspaces_made} made already" if workspaces_made else "")
+    )
     return DevicePrediction(
         device=name,
         allocated_now=now.allocated,
@@ -246,7 +250,7 @@ def _counted_device(
         peak_reserved=model.peak_reserved,
         end_reserved=model.end_reserved,
         workspace_bytes=workspace,
-        workspace_note="made by the cell's first matmul" if workspace else "",
+        workspace_note="made by the cell's matmuls (one per thread: the forward's and autograd's)" if workspace else "",
         by_kind=_kinds(peak),
         end_by_kind=_kinds(end),
         capacity=capacity,

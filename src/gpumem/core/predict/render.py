@@ -54,7 +54,7 @@ def _device_lines(device: DevicePrediction, *, on_gpu: bool) -> list[str]:
         )
     if device.workspace_bytes:
         lines.append(
-            f"  cuBLAS workspace {format_bytes(device.workspace_bytes)}: {device.workspace_note} (in the peak)"
+            f"  cuBLAS workspaces {format_bytes(device.workspace_bytes)}: {device.workspace_note} (in the peak)"
         )
     for when, figures in (("at the peak", device.by_kind), ("at the end", device.end_by_kind)):
         kinds = sorted(figures.items(), key=lambda item: _KIND_ORDER.index(item[0]) if item[0] in _KIND_ORDER else 99)

@@ -10,6 +10,7 @@ iteration before are kept (``reset_mod_stats`` would drop them).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -50,11 +51,13 @@ class ModuleFigures(NamedTuple):
 class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
     """MemTracker that replays its counts through the allocator model and allows several iterations."""
 
-    def __init__(self, workspaces: dict[str, int] | None = None) -> None:
+    def __init__(self, workspaces: dict[str, tuple[int, int]] | None = None) -> None:
         super().__init__()
         self.models: dict[str, AllocatorModel] = {}
-        self.workspaces = dict(workspaces or {})  # device -> bytes its first matmul allocates (0: made already)
-        self.workspaces_made: dict[str, int] = {}
+        # device -> (bytes of one cuBLAS workspace, how many exist already)
+        self.workspaces = dict(workspaces or {})
+        self.workspaces_made: dict[str, int] = {}  # device -> bytes of the workspaces the dry run made
+        self._matmul_threads: dict[str, set[int]] = {}
         self.modules: dict[str, ModuleFigures] = {}
         self.iterations = 1
         self._adopting = False
@@ -89,16 +92,22 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
         return result
 
     def _first_matmul(self, args: Any) -> None:
+        """PyTorch keeps one cuBLAS workspace per (handle, stream), and a handle per thread: the forward's
+        matmuls make one, autograd's device thread (the backward) another. The first matmul of each thread
+        here allocates one, unless that many exist already."""
         device = next((arg.device for arg in args if isinstance(arg, torch.Tensor)), None)
         if device is None or device.type != "cuda":
             return
         name = _device_name(device)
-        nbytes = self.workspaces.get(name, 0)
+        threads = self._matmul_threads.setdefault(name, set())
+        if threading.get_ident() in threads:
+            return
+        threads.add(threading.get_ident())
+        nbytes, existing = self.workspaces.get(name, (0, 0))
         model = self._model(device)
-        if name not in self.workspaces_made and model is not None:
-            self.workspaces_made[name] = nbytes
-            if nbytes:
-                model.allocate(("cublas workspace", name), nbytes)
+        if len(threads) > existing and nbytes and model is not None:
+            self.workspaces_made[name] = self.workspaces_made.get(name, 0) + nbytes
+            model.allocate(("cublas workspace", name, len(threads)), nbytes)
 
     def _model(self, device: torch.device) -> AllocatorModel | None:
         if device.type != "cuda":
