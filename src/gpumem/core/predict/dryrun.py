@@ -33,6 +33,7 @@ class DeviceNow(NamedTuple):
     context: int | None  # this process's device memory outside PyTorch's reserve, None when unknown
     context_is_device_wide: bool  # NVML could not tell this process's share: the whole device's used memory
     workspace_bytes: int  # one cuBLAS workspace on it
+    lt_workspace_bytes: int  # one cuBLASLt workspace
     workspace_blocks: tuple[int, ...]  # addresses of allocated blocks that may be the cuBLAS workspace
     segments: list[tuple[int, bool, list[tuple[int, int, bool]]]]
 
@@ -50,6 +51,7 @@ def read_devices() -> dict[str, DeviceNow]:
         free, used, device_used = nvml.get(index, (None, None, None))
         sizes = workspace_sizes(index)
         each = sizes.cublas_bytes if sizes is not None else 0
+        lt = sizes.cublaslt_bytes if sizes is not None else 0
         segments = _segments(index)
         # A workspace fills a segment of its own: its candidates (a tensor of that size could be one too; the
         # dry run drops those that a copied tensor's storage starts at).
@@ -63,7 +65,7 @@ def read_devices() -> dict[str, DeviceNow]:
         wide = used is None and device_used is not None
         used = device_used if used is None else used
         context = None if used is None else max(used - reserved, 0)
-        devices[f"cuda:{index}"] = DeviceNow(allocated, reserved, free, context, wide, each, made, segments)
+        devices[f"cuda:{index}"] = DeviceNow(allocated, reserved, free, context, wide, each, lt, made, segments)
     return devices
 
 
@@ -124,7 +126,9 @@ def dry_run(
         return Prediction(refusal=Refusal(f"the namespace could not be copied: {type(error).__name__}: {error}"))
     tensors = {address for _, address in isolation.placements}
     made = {name: len(set(device.workspace_blocks) - tensors) for name, device in now.items()}
-    tracker = StepTracker({name: (device.workspace_bytes, made[name]) for name, device in now.items()})
+    tracker = StepTracker(
+        {name: (device.workspace_bytes, device.lt_workspace_bytes, made[name]) for name, device in now.items()}
+    )
     for name, device in now.items():
         tracker.models.setdefault(name, _seeded(device))
     try:

@@ -37,7 +37,10 @@ KIND_NAMES = {
 _TOTAL = "Total"
 _CUDA_BUILT = torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
 # Operators that run on cuBLAS: the first of them on a stream allocates its workspace.
-_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation"})
+_MATMULS = frozenset(
+    {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation", "_scaled_mm"}
+)
+_LT_MATMULS = frozenset({"_addmm_activation", "_scaled_mm"})  # always through cuBLASLt
 
 
 class ModuleFigures(NamedTuple):
@@ -51,13 +54,14 @@ class ModuleFigures(NamedTuple):
 class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
     """MemTracker that replays its counts through the allocator model and allows several iterations."""
 
-    def __init__(self, workspaces: dict[str, tuple[int, int]] | None = None) -> None:
+    def __init__(self, workspaces: dict[str, tuple[int, int, int]] | None = None) -> None:
         super().__init__()
         self.models: dict[str, AllocatorModel] = {}
-        # device -> (bytes of one cuBLAS workspace, how many exist already)
+        # device -> (bytes of one cuBLAS workspace, of one cuBLASLt workspace, how many threads have them already)
         self.workspaces = dict(workspaces or {})
         self.workspaces_made: dict[str, int] = {}  # device -> bytes of the workspaces the dry run made
-        self._matmul_threads: dict[str, set[int]] = {}
+        self._matmul_threads: dict[str, list[int]] = {}  # device -> threads in the order of their first matmul
+        self._workspace_keys: set[tuple[str, str, str, int]] = set()
         self.modules: dict[str, ModuleFigures] = {}
         self.iterations = 1
         self._adopting = False
@@ -81,8 +85,9 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
                 model.place(id(found[0]), address)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN204
-        if func.overloadpacket.__name__ in _MATMULS:
-            self._first_matmul(args)
+        name = func.overloadpacket.__name__
+        if name in _MATMULS:
+            self._first_matmul(args, lt=name in _LT_MATMULS or (name == "addmm" and _bias_vector(args)))
         result = super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
         if not _CUDA_BUILT and any(
             isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" for leaf in tree_leaves(result)
@@ -91,23 +96,25 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
             raise Refusal(_NO_CUDA)
         return result
 
-    def _first_matmul(self, args: Any) -> None:
+    def _first_matmul(self, args: Any, *, lt: bool) -> None:
         """PyTorch keeps one cuBLAS workspace per (handle, stream), and a handle per thread: the forward's
-        matmuls make one, autograd's device thread (the backward) another. The first matmul of each thread
-        here allocates one, unless that many exist already."""
+        matmuls make one, autograd's device thread (the backward) another. A thread's first cuBLASLt call (a
+        matmul with a bias vector) also makes a cuBLASLt workspace. Those that exist already are not made."""
         device = next((arg.device for arg in args if isinstance(arg, torch.Tensor)), None)
         if device is None or device.type != "cuda":
             return
         name = _device_name(device)
-        threads = self._matmul_threads.setdefault(name, set())
-        if threading.get_ident() in threads:
-            return
-        threads.add(threading.get_ident())
-        nbytes, existing = self.workspaces.get(name, (0, 0))
-        model = self._model(device)
-        if len(threads) > existing and nbytes and model is not None:
-            self.workspaces_made[name] = self.workspaces_made.get(name, 0) + nbytes
-            model.allocate(("cublas workspace", name, len(threads)), nbytes)
+        threads = self._matmul_threads.setdefault(name, [])
+        if threading.get_ident() not in threads:
+            threads.append(threading.get_ident())
+        order = threads.index(threading.get_ident()) + 1  # this thread's workspace is the order-th
+        cublas, cublaslt, existing = self.workspaces.get(name, (0, 0, 0))
+        for kind, nbytes in (("cublas", cublas), ("cublaslt", cublaslt) if lt else ("", 0)):
+            key = ("workspace", kind, name, order)
+            if nbytes and order > existing and key not in self._workspace_keys:
+                self._workspace_keys.add(key)
+                self.workspaces_made[name] = self.workspaces_made.get(name, 0) + nbytes
+                self._model(device).allocate(key, nbytes)  # type: ignore[union-attr]
 
     def _model(self, device: torch.device) -> AllocatorModel | None:
         if device.type != "cuda":
@@ -188,6 +195,12 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
             total = named.pop(_TOTAL, None)
             figures[_device_name(device)] = {**named, "total": int(total or 0)}
         return figures
+
+
+def _bias_vector(args: Any) -> bool:
+    """``addmm(bias, a, b)`` with a bias vector: the cuBLASLt path (``gemm_and_bias``)."""
+    bias = args[0] if args else None
+    return isinstance(bias, torch.Tensor) and bias.dim() == 1
 
 
 def _total(snapshot: dict[Any, dict[Any, int]]) -> int:
