@@ -69,11 +69,16 @@ def read_devices() -> dict[str, DeviceNow]:
     return devices
 
 
+_SOURCES: list[Any] = []  # one SystemSource, made at the first dry run (NVML is started once)
+
+
 def _nvml_readings() -> dict[int, tuple[int, int | None, int]]:
     from gpumem.core.sources import SystemSource
 
     try:
-        snapshot = SystemSource().snapshot(process_memory=True)
+        if not _SOURCES:
+            _SOURCES.append(SystemSource())
+        snapshot = _SOURCES[0].snapshot(process_memory=True)
     except Exception:
         return {}
     return {
