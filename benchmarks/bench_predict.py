@@ -97,7 +97,8 @@ def child_search(name: str, low: int, high: int, capacity: int) -> dict[str, Any
     workload = _workload(name)
     namespace = _setup(name, low)
     result = search(lambda v: predict_source(workload.step, namespace, capacity=capacity, values={"bs": v}), low, high)
-    context = result.at_largest.devices[0].context_bytes if result.at_largest is not None else None
+    device = result.at_largest.device("cuda:0") if result.at_largest is not None else None
+    context = device.context_bytes if device is not None else None
     return {
         "largest": result.largest,
         "first_over": result.first_over,
