@@ -124,8 +124,11 @@ def render_batch_text(result: BatchSearch) -> str:
         lines.append(f"  largest {result.name} that fits: {result.largest}{top}{pinned}")
         prediction = result.at_largest
         if prediction is not None and prediction.devices:
+            compared = [d for d in prediction.devices if d.capacity is not None] or list(prediction.devices)
             peaks = ", ".join(
-                f"{d.device} peak {format_bytes(d.peak_reserved or d.peak_allocated)}" for d in prediction.devices
+                f"{d.device} peak {format_bytes(d.peak_allocated)} allocated"
+                + ("" if d.peak_reserved is None else f", {format_bytes(d.peak_reserved)} reserved")
+                for d in compared
             )
             lines.append(f"  at {result.name}={result.largest}: {peaks}")
     if result.bytes_per_sample is not None:
