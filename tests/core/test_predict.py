@@ -378,3 +378,13 @@ def test_global_torch_settings_are_put_back() -> None:
     assert torch.is_grad_enabled()
     assert torch.backends.cudnn.benchmark == benchmark
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_tensor_the_cell_deletes_is_freed_in_the_dry_run() -> None:
+    """The copies are held by the copied namespace alone: ``del t`` frees t's copy before u is made."""
+    namespace = {"torch": torch, "t": torch.zeros(1 << 20)}
+    prediction = predict_source("del t\nu = torch.ones(1 << 20)\n", namespace)
+    cpu = prediction.device("cpu")
+    assert cpu is not None
+    assert cpu.allocated_now == cpu.peak_allocated == cpu.end_allocated == 4 * MIB
+    assert "t" in namespace

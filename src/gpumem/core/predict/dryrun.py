@@ -178,6 +178,9 @@ def _counted(
     """(before, peak, end) by device and kind."""
     with guarded(filename, tracker.empty_cache), isolation.fake_mode:
         tracker.adopt(isolation.roots, isolation.placements)
+        # Only the copied namespace may keep the copies alive now: a `del x` in the cell frees x's copy.
+        isolation.roots.clear()
+        isolation.placements.clear()
         before = tracker.by_kind("current")
         with tracker:
             run(isolation.namespace)
