@@ -9,6 +9,7 @@ made) is read before, without creating a CUDA context, and the model starts from
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -85,6 +86,15 @@ def _nvml_readings() -> dict[int, tuple[int, int | None, int]]:
         reading.device: (reading.free_bytes, reading.process_used_bytes, reading.used_bytes)
         for reading in snapshot.devices
     }
+
+
+def _segments_modelled() -> bool:
+    try:
+        native = torch.cuda.get_allocator_backend() == "native"
+    except Exception:
+        native = False
+    settings = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    return native and "expandable_segments:true" not in settings.replace(" ", "").lower()
 
 
 def _segments(index: int) -> list[tuple[int, bool, list[tuple[int, int, bool]]]]:
@@ -217,8 +227,10 @@ def _device(
         peak_allocated=now.allocated + model.peak_allocated,
         end_allocated=now.allocated + model.end_allocated,
         reserved_now=now.reserved,
-        peak_reserved=now.reserved + model.peak_reserved,
-        end_reserved=now.reserved + model.end_reserved,
+        # Reserved is modelled for the native allocator with fixed segments only (not cudaMallocAsync, not
+        # expandable segments, whose rules differ).
+        peak_reserved=now.reserved + model.peak_reserved if _segments_modelled() else None,
+        end_reserved=now.reserved + model.end_reserved if _segments_modelled() else None,
         reserved_is_bound=not now.segments and now.reserved > now.allocated,  # the cache could not be read
         context_bytes=now.context,
         context_is_device_wide=now.context_is_device_wide,

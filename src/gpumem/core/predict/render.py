@@ -40,6 +40,11 @@ def _device_lines(device: DevicePrediction, *, on_gpu: bool) -> list[str]:
             f"  reserved   now {format_bytes(device.reserved_now or 0)}  peak {format_bytes(device.peak_reserved)}"
             f"  end of cell {format_bytes(device.end_reserved or 0)}  (the caching allocator's segments){bound}"
         )
+    elif device.reserved_now is not None and device.device.startswith("cuda"):
+        lines.append(
+            f"  reserved   now {format_bytes(device.reserved_now)}; not predicted: the allocator here is "
+            "cudaMallocAsync or uses expandable segments, whose segments gpumem does not model"
+        )
     if device.context_bytes is not None:
         what = (
             "the device's other memory (NVML cannot tell this process's share: other processes included)"
