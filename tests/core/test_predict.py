@@ -388,3 +388,25 @@ def test_a_tensor_the_cell_deletes_is_freed_in_the_dry_run() -> None:
     assert cpu is not None
     assert cpu.allocated_now == cpu.peak_allocated == cpu.end_allocated == 4 * MIB
     assert "t" in namespace
+
+
+def test_fake_steps_choose_the_foreach_kernels_a_real_step_would() -> None:
+    """A real CUDA AdamW step takes the foreach path (temporaries of every parameter at once); PyTorch admits
+    only plain tensors there, so without this the fake step took the per-tensor path and predicted less."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.optim.optimizer import _default_to_fused_or_foreach, _foreach_supported_types
+    from torch.utils._foreach_utils import _has_foreach_support
+
+    from gpumem.core.predict.isolation import kernels_as_real
+
+    before = list(_foreach_supported_types)
+    with FakeTensorMode():
+        params = [torch.empty(4, device="cuda"), torch.empty(8, device="cuda")]
+        assert _default_to_fused_or_foreach(params, differentiable=False) == (False, False)
+        with kernels_as_real():
+            assert _default_to_fused_or_foreach(params, differentiable=False) == (False, True)
+            assert _has_foreach_support(params, params[0].device)
+            cpu_params = [torch.empty(4)]
+            assert _default_to_fused_or_foreach(cpu_params, differentiable=False) == (False, False)  # as real
+        assert _default_to_fused_or_foreach(params, differentiable=False) == (False, False)
+    assert _foreach_supported_types == before

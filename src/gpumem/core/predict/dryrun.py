@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpumem.core.predict.guards import Refusal, guarded, refusal_from
-from gpumem.core.predict.isolation import Isolation, isolate
+from gpumem.core.predict.isolation import Isolation, isolate, kernels_as_real
 from gpumem.core.predict.result import DevicePrediction, Prediction
 from gpumem.core.predict.tracking import StepTracker
 from gpumem.core.workspaces import workspace_sizes
@@ -186,7 +186,7 @@ def _counted(
     run: Callable[[dict[str, Any]], Any], isolation: Isolation, tracker: StepTracker, filename: str
 ) -> _Figures:
     """(before, peak, end) by device and kind."""
-    with guarded(filename, tracker.empty_cache), isolation.fake_mode:
+    with guarded(filename, tracker.empty_cache), kernels_as_real(), isolation.fake_mode:
         tracker.adopt(isolation.roots, isolation.placements)
         # Only the copied namespace may keep the copies alive now: a `del x` in the cell frees x's copy.
         isolation.roots.clear()

@@ -11,6 +11,7 @@ deep-copied (open files, locks, C objects) are shared, and named in the report.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 from collections.abc import Iterable, Iterator, Mapping
@@ -18,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensor, FakeTensorMode
 
-__all__ = ["Isolation", "isolate", "rebuild"]
+__all__ = ["Isolation", "isolate", "kernels_as_real", "rebuild"]
 
 # Values that are never copied: they hold no user state a cell can change through the namespace.
 _SHARED_TYPES = (types.ModuleType, type, types.BuiltinFunctionType, types.MethodWrapperType)
@@ -223,3 +224,25 @@ def rebuild(function: types.FunctionType, namespace: dict[str, Any], closure: tu
     copied.__dict__.update(function.__dict__)
     copied.__qualname__ = function.__qualname__
     return copied
+
+
+@contextlib.contextmanager
+def kernels_as_real() -> Iterator[None]:
+    """Let optimizers and ``clip_grad_norm_`` choose their foreach (multi-tensor) kernels for fake tensors as
+    they do for real ones, by device: PyTorch admits only plain tensors there, so a fake step would take the
+    one-tensor-at-a-time path, whose temporaries are one parameter's, where the real step's are all of them."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    lists: list[list[Any]] = [
+        optimizer._foreach_supported_types,  # noqa: SLF001
+        _foreach_utils._foreach_supported_types,  # noqa: SLF001
+    ]
+    added = [kinds for kinds in lists if FakeTensor not in kinds]
+    for kinds in added:
+        kinds.append(FakeTensor)
+    try:
+        yield
+    finally:
+        for kinds in added:
+            kinds.remove(FakeTensor)
