@@ -27,6 +27,8 @@ __all__ = [
     "load_ipython_extension",
     "measure",
     "measured",
+    "predict",
+    "search_batch",
     "unload_ipython_extension",
 ]
 
@@ -69,6 +71,26 @@ def holders(device: str | int | None = "cuda", **options: Any) -> Any:
     shell = ipython_shell()
     namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals  # noqa: SLF001 - caller's names
     return find_holders(namespace, device=device, shell=shell, **options)
+
+
+def predict(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Will ``fn(*args, **kwargs)`` fit? A dry run on fake copies (nothing of yours changes, no GPU memory is
+    taken): a :class:`gpumem.core.predict.Prediction` of the peak and end memory per device, by kind and by
+    module; printed, the same report as ``%%gpumem --predict``. ``.against(capacity_bytes)`` compares it
+    with a card you do not have."""
+    from gpumem.core.predict import predict as dry_run
+
+    return dry_run(fn, *args, **kwargs)
+
+
+def search_batch(step: Any, low: int, high: int, *, capacity: int | str | None = None) -> Any:
+    """The largest ``n`` in ``[low, high]`` for which ``step(n)`` fits (dry runs only, fewer than 10):
+    ``capacity`` bytes or a size such as ``"24GiB"``, by default the memory free on the device now."""
+    from gpumem.core.predict import search_batch as search
+    from gpumem.core.units import parse_size
+
+    size = parse_size(capacity) if isinstance(capacity, str) else capacity
+    return search(step, low, high, capacity=size)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

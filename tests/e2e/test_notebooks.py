@@ -56,6 +56,11 @@ def test_demo_runs_without_errors_and_tells_the_truth(tmp_path: Path, jupyter_en
     assert "kept = globals()" in history_text and "auto on --threshold" not in history_text  # own commands left out
     assert "Held by IPython" in text and "Out[" in text
     assert "released IPython references" in text
+    (predict_cell,) = [cell for cell in nb.cells if cell.source.startswith("%%gpumem --predict")]
+    assert "gpumem --predict: dry run on fake tensors" in notebook_text_of(predict_cell)
+    assert "fits? yes" in notebook_text_of(predict_cell)
+    (batch_cell,) = [cell for cell in nb.cells if cell.source.startswith("%%gpumem --batch")]
+    assert "largest bs that fits:" in notebook_text_of(batch_cell)
     panel_outputs = [
         out
         for cell in nb.cells
@@ -139,6 +144,10 @@ def test_gpu_tour_finds_each_leak(tmp_path: Path, jupyter_env: JupyterEnv) -> No
     graphs_kept = "keep their whole autograd graphs alive"  # the warning, not the by-kind label
     assert graphs_kept in sections["7"][0] and "val_outputs" in sections["7"][0], sections["7"][0]
     assert graphs_kept not in sections["7"][1], sections["7"][1]
+    predicted, _, searched = sections["10"]
+    assert "gpumem --predict: dry run on fake tensors" in predicted and "cuda:0:" in predicted, predicted
+    assert "3 forward passes" in predicted and "the memory free on the device now" in predicted, predicted
+    assert "largest bs that fits:" in searched, searched
     # 8. `big` and the copy IPython keeps in Out, explained after the error and released by free --deep.
     assert drop["out of memory"] == 4 * GIB, drop
     assert "OutOfMemoryError" in found["8"] and "gpumem: CUDA out of memory on cuda:0" in found["8"]

@@ -137,7 +137,8 @@ def test_help_usage_lines_are_filled_and_aligned_under_the_first_option(shell: A
     lines = cap.stdout.splitlines()
     assert "%gpumem auto [--threshold SIZE] [--vars MODE] [--keep-peaks] [--reset-peaks] [on|off]" in lines
     start = lines.index("%%gpumem [-d DEVICES] [-q] [-k] [--top N] [--no-vars] [--trace]")
-    assert lines[start + 1] == "         [--trace-entries N] [--trace-save PATH] [--profile]"
+    assert lines[start + 1] == "         [--trace-entries N] [--trace-save PATH] [--profile] [--predict]"
+    assert lines[start + 2] == "         [--capacity SIZE] [--batch NAME=LOW..HIGH]"
     usage = [line for line in lines if line.startswith("%") or line.lstrip().startswith("[")]
     assert all(len(line) <= 100 for line in usage), usage
     _result, cap = run_cell_capture(shell, "%gpumem monitor -h")

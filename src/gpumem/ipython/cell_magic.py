@@ -29,6 +29,7 @@ from gpumem.ipython.arguments import (
     parse_argstring,
     parse_devices,
 )
+from gpumem.ipython.predict_cell import PredictRequest, parse_predict
 from gpumem.ipython.trace_cell import TraceRequest
 
 __all__ = ["CellRequest", "HeaderTransformer", "cell_usage", "parse_cell_options", "run_body", "split_cell_header"]
@@ -43,6 +44,7 @@ class CellRequest(NamedTuple):
     top: int | None  # None: the configured default
     trace: TraceRequest | None = None  # --trace: where the cell's memory came from
     profile: bool = False  # --profile: PyTorch's profiler, the operators that allocated most
+    predict: PredictRequest | None = None  # --predict / --batch: a dry run instead of running the cell
 
 
 @magic_arguments("%gpumem")
@@ -86,6 +88,25 @@ class CellRequest(NamedTuple):
     help="run PyTorch's profiler (torch.profiler, with memory and input shapes; CPU, and CUDA when available) "
     "while the cell runs and show the operators that allocated most, and what profiling cost",
 )
+@argument(
+    "--predict",
+    action="store_true",
+    help="do not run the cell: dry-run it on fake copies of its tensors, modules and optimizers (nothing of "
+    "yours changes, no GPU memory is taken) and show the predicted peak and end-of-cell memory per device, by "
+    "kind and by module, and whether it fits in the memory free now (or --capacity)",
+)
+@argument(
+    "--capacity",
+    metavar="SIZE",
+    help="with --predict or --batch: the device memory to fit in, e.g. 24GiB (default: what is free now)",
+)
+@argument(
+    "--batch",
+    metavar="NAME=LOW..HIGH",
+    help="dry-run the cell for values of the integer NAME (set before the cell) between LOW and HIGH and show "
+    "the largest that fits (free memory now, or --capacity), its peak and the memory per extra unit; implies "
+    "--predict and never runs the cell",
+)
 def cell_usage(line: str, cell: str | None = None) -> None:
     """Measure one cell: wall time; per CUDA device in use, PyTorch allocated and reserved memory before ->
     after, the exact peak above the starting point and the whole-device used memory (NVML); host RSS
@@ -121,7 +142,10 @@ def parse_cell_options(line: str, source: MemorySource) -> CellRequest:
         mode="magic",
         quiet=bool(args.quiet),
     )
-    return CellRequest(options, args.top, trace, profile=bool(args.profile))
+    predict = parse_predict(args.predict, args.capacity, args.batch)
+    if predict is not None and (trace is not None or args.profile):
+        raise UsageError("--predict and --batch do not run the cell: they cannot be combined with --trace or --profile")
+    return CellRequest(options, args.top, trace, profile=bool(args.profile), predict=predict)
 
 
 def split_cell_header(raw_cell: str) -> tuple[str, str] | None:
@@ -146,7 +170,8 @@ class HeaderTransformer:
     (``%%time`` above ``%%gpumem``), it starts the measurement. When the next line is another cell
     magic the header is only dropped (a cell magic must come first). A header with invalid
     arguments is left in place: IPython then calls the magic, which reports the error without
-    running the body, as any cell magic would.
+    running the body, as any cell magic would. So is a ``--predict`` or ``--batch`` header: the magic
+    then gets the body as text and dry-runs it (:mod:`gpumem.ipython.predict_cell`); the body never runs.
 
     IPython caches the transformed cell for its tracebacks (``linecache``, under the cell's name),
     so they would show that call as line 1; when the call runs, :meth:`show_header_in_tracebacks`
@@ -169,9 +194,11 @@ class HeaderTransformer:
             return lines
         arguments = (match.group(1) or "").strip()
         try:
-            parse_cell_options(arguments, self.source)
+            request = parse_cell_options(arguments, self.source)
         except UsageError:
             return lines
+        if request.predict is not None:
+            return lines  # IPython calls the %%gpumem cell magic with the body as text: the body is not run
         if len(lines) > 1 and lines[1].startswith("%%"):
             return lines[1:]
         call = f"get_ipython().run_line_magic('gpumem', {('_cell ' + arguments).strip()!r})"

@@ -119,6 +119,9 @@ class CellHooks:
                 body = header[1]
             except Exception:
                 request = None  # the %%gpumem magic itself reports the bad option, without running the body
+        if request is not None and request.predict is not None:  # a dry run: the cell itself does not run
+            self._stack.append(_Pending(info, None, None))
+            return
         if request is None and (not state.config.auto or self._own_command(raw) or not has_code(raw)):
             self._stack.append(_Pending(info, None, None))
             return

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from IPython.core.magic import Magics
 
+from gpumem.ipython import predict_cell
 from gpumem.ipython.arguments import UsageError, did_you_mean, line_cell_magic, magics_class
 from gpumem.ipython.cell_magic import HeaderTransformer, cell_usage, parse_cell_options, run_body
 from gpumem.ipython.hooks import CellHooks
@@ -188,6 +189,9 @@ class GpuMemMagics(Magics):
     def _measure_cell(self, line: str, body: str) -> Any:
         """``%%gpumem`` called as a function (under ``%%time``, or ``run_cell_magic``): run the body, measured."""
         request = parse_cell_options(line, self.state.monitor.source)
+        if request.predict is not None:
+            predict_cell.show(self.shell, request.predict, body)
+            return None
         return self.hooks.measure_body(request, body, partial(run_body, self.shell, body))
 
     def _subcommand(self, name: str) -> Callable[[str], None]:
