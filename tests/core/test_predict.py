@@ -410,3 +410,42 @@ def test_fake_steps_choose_the_foreach_kernels_a_real_step_would() -> None:
             assert _default_to_fused_or_foreach(cpu_params, differentiable=False) == (False, False)  # as real
         assert _default_to_fused_or_foreach(params, differentiable=False) == (False, False)
     assert _foreach_supported_types == before
+
+
+def test_fakes_make_no_real_tensor_and_the_probe_is_put_back() -> None:
+    """PyTorch's first fake on a CUDA device makes a real tensor there; inside the dry run it does not (the GPU
+    tests prove the bytes); the original is restored afterwards, also after an error."""
+    from torch._subclasses import fake_tensor
+
+    from gpumem.core.predict.isolation import no_context_probe
+
+    original = fake_tensor.init_gpu_context
+    started: list[str] = []
+    def step() -> None:
+        with no_context_probe(started):
+            assert fake_tensor.init_gpu_context is not original
+            fake_tensor.init_gpu_context(torch.device("cuda", 0))
+            raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError, match="inside"):
+        step()
+    assert fake_tensor.init_gpu_context is original
+    if not torch.cuda.is_available():
+        assert started == []  # nothing to start without CUDA
+
+
+@pytest.mark.parametrize(
+    ("cell", "peak", "end"),
+    [
+        # Linear(256, 256): weight 256 KiB + bias 1 KiB in float32. Each parameter's old data is freed when its
+        # converted copy takes its place, as `.data =` frees it for a real parameter.
+        ("model = torch.nn.Linear(256, 256)\nmodel.half()\n", 263_168 + 131_072, 131_072 + 512),
+        ("model = torch.nn.Linear(256, 256).to('cpu')\nmodel.double()\n", 263_168 + 524_288, 524_288 + 2_048),
+    ],
+)
+def test_a_cell_may_build_a_model_and_convert_it(cell: str, peak: int, end: int) -> None:
+    """`module.half()`, `.to()`, `.cuda()` on fake parameters (PyTorch's swap refuses them: issue 148977)."""
+    prediction = predict_source(cell, {"torch": torch})
+    assert prediction.refusal is None, prediction.refusal
+    (cpu,) = prediction.devices
+    assert (cpu.peak_allocated, cpu.end_allocated) == (peak, end)

@@ -98,3 +98,37 @@ def test_the_cublas_workspace_is_counted_once(gpu: Any) -> None:
     second = predict_source("c = a @ a\n", namespace).device("cuda:0")
     assert second is not None and second.workspace_bytes == 0
     del b
+
+
+_FRESH = """
+import json, torch
+from gpumem.core.predict import predict_source
+cell = "model = torch.nn.Linear(256, 256).cuda()\\nmodel(torch.randn(64, 256, device='cuda')).sum().backward()\\n"
+prediction = predict_source(cell, {"torch": torch})
+device = prediction.device("cuda:0")
+print(json.dumps({
+    "refusal": None if prediction.refusal is None else prediction.refusal.reason,
+    "started": list(prediction.started_contexts),
+    "context": None if device is None else device.context_bytes,
+    "text": str(prediction),
+    "max_allocated": torch.cuda.max_memory_allocated(0),
+    "reserved": torch.cuda.memory_reserved(0),
+}))
+"""
+
+
+def test_a_dry_run_in_a_process_without_cuda_makes_the_context_alone() -> None:
+    """PyTorch's fakes need a CUDA context for a backward; in a process that has none, the dry run makes the
+    context and nothing else (no tensor, no cached segment), measures it and says so."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, check=False, timeout=200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(done.stdout.splitlines()[-1])
+    assert row["refusal"] is None, row
+    assert row["started"] == ["cuda:0"], row
+    assert row["max_allocated"] == 0 and row["reserved"] == 0, row
+    assert isinstance(row["context"], int) and row["context"] > 0, row
+    assert "the dry run started CUDA here" in row["text"], row["text"]

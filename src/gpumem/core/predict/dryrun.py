@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
 
 from gpumem.core.predict.guards import Refusal, guarded, refusal_from
-from gpumem.core.predict.isolation import Isolation, isolate, kernels_as_real
+from gpumem.core.predict.isolation import Isolation, isolate, kernels_as_real, modules_convert, no_context_probe
 from gpumem.core.predict.result import DevicePrediction, Prediction
 from gpumem.core.predict.tracking import StepTracker
 from gpumem.core.workspaces import workspace_sizes
@@ -133,6 +134,32 @@ def dry_run(
     ``filename`` is the one the code was compiled under (refusals name its lines, numbered from
     ``first_line``); ``capacity`` replaces the free memory now as what the peak must fit in.
     """
+    contexts: list[str] = []
+    with no_context_probe(contexts):
+        prediction = _predicted(run, namespace, filename, first_line, skip, capacity, home)
+    if not contexts:
+        return prediction
+    # PyTorch started CUDA for the fakes on a device this process had not used: its context is now held,
+    # as the real run would hold it; measured after, and named in the report.
+    after = read_devices()
+    devices = tuple(
+        replace(device, context_bytes=after[device.device].context, context_started=True)
+        if device.device in contexts and device.device in after
+        else device
+        for device in prediction.devices
+    )
+    return replace(prediction, devices=devices, started_contexts=tuple(contexts))
+
+
+def _predicted(
+    run: Callable[[dict[str, Any]], Any],
+    namespace: Mapping[str, Any],
+    filename: str,
+    first_line: int,
+    skip: Iterable[str],
+    capacity: int | None,
+    home: Mapping[str, Any] | None,
+) -> Prediction:
     started = time.perf_counter()
     now = read_devices()
     try:
@@ -186,7 +213,8 @@ def _counted(
     run: Callable[[dict[str, Any]], Any], isolation: Isolation, tracker: StepTracker, filename: str
 ) -> _Figures:
     """(before, peak, end) by device and kind."""
-    with guarded(filename, tracker.empty_cache), kernels_as_real(), isolation.fake_mode:
+    fakes_as_real = (kernels_as_real(), modules_convert(isolation.fake_mode))
+    with guarded(filename, tracker.empty_cache), fakes_as_real[0], fakes_as_real[1], isolation.fake_mode:
         tracker.adopt(isolation.roots, isolation.placements)
         # Only the copied namespace may keep the copies alive now: a `del x` in the cell frees x's copy.
         isolation.roots.clear()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import types
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensor, FakeTensorMode
 
-__all__ = ["Isolation", "isolate", "kernels_as_real", "rebuild"]
+__all__ = ["Isolation", "isolate", "kernels_as_real", "modules_convert", "no_context_probe", "rebuild"]
 
 # Values that are never copied: they hold no user state a cell can change through the namespace.
 _SHARED_TYPES = (types.ModuleType, type, types.BuiltinFunctionType, types.MethodWrapperType)
@@ -246,3 +247,84 @@ def kernels_as_real() -> Iterator[None]:
     finally:
         for kinds in added:
             kinds.remove(FakeTensor)
+
+
+@contextlib.contextmanager
+def no_context_probe(started: list[str]) -> Iterator[None]:
+    """Keep PyTorch's fake tensors from allocating on a CUDA device.
+
+    The first fake tensor on a CUDA device makes a real one-element tensor there (``init_gpu_context``), so
+    that a backward over fakes finds a CUDA context. Where this process has the context, that allocation
+    (512 B, in a 2 MiB segment the first time) is its only effect, and is skipped; where it has not, the
+    context alone is made (no tensor, no cached segment) and the device is appended to ``started``: the
+    dry run started CUDA there, and says so.
+    """
+    from torch._subclasses import fake_tensor
+
+    original = fake_tensor.init_gpu_context
+
+    def init_gpu_context(device: torch.device) -> None:
+        if device.type != "cuda":
+            original(device)
+            return
+        if not torch.cuda.is_available() or _has_context(device):
+            return
+        index = _device_index(device)
+        torch.cuda.synchronize(index)  # the runtime makes the device's primary context for this call
+        if _has_context(device) and f"cuda:{index}" not in started:
+            started.append(f"cuda:{index}")
+
+    fake_tensor.init_gpu_context = init_gpu_context  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        fake_tensor.init_gpu_context = original
+
+
+def _has_context(device: torch.device) -> bool:
+    """Whether this process holds a CUDA context on ``device``, asked without creating one."""
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return False
+    probe = getattr(torch._C, "_cuda_hasPrimaryContext", None)  # noqa: SLF001 - PyTorch's own test of it
+    return bool(probe is not None and probe(_device_index(device)))
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@contextlib.contextmanager
+def modules_convert(fake_mode: FakeTensorMode) -> Iterator[None]:
+    """Let ``module.half()``, ``.to(device)``, ``.cuda()`` run on fake parameters, as they run on real ones.
+
+    ``Module._apply`` swaps a fake parameter with its converted copy (``torch.utils.swap_tensors``), which
+    refuses a tensor with a weak reference, and the fake mode's memo holds one on every fake it made
+    (PyTorch issue 148977): so a cell that builds a model and moves it failed. The swap is let through once
+    the two fakes are out of the memo, which only caches them.
+    """
+    import torch.utils
+
+    original = torch.utils.swap_tensors
+    memo = fake_mode.fake_tensor_converter.tensor_memo
+
+    def swap_tensors(first: torch.Tensor, second: torch.Tensor) -> None:
+        for tensor in (first, second):
+            if isinstance(tensor, FakeTensor):
+                # Keys only: a reference kept to a weakref object keeps it on the tensor.
+                keys = [getattr(ref, "key", None) for ref in weakref.getweakrefs(tensor)]
+                for key in keys:
+                    if key is not None and memo.get(key) is tensor:
+                        del memo[key]
+        shared = first.untyped_storage()._cdata == second.untyped_storage()._cdata  # noqa: SLF001 - identity
+        original(first, second)  # type: ignore[no-untyped-call]
+        if isinstance(second, FakeTensor) and not shared:
+            # A real parameter takes its converted data with `.data =`, which frees the old storage there
+            # and then; after a swap the old data would live on in _apply's loop variable until the next
+            # parameter is converted. Emptied, it is freed at the same moment as the real one.
+            second.untyped_storage().resize_(0)
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original

@@ -52,6 +52,11 @@ def _device_lines(device: DevicePrediction, *, on_gpu: bool) -> list[str]:
             else "this process's CUDA context and other non-PyTorch memory"
         )
         lines.append(f"  {what}: {format_bytes(device.context_bytes)}")
+        if device.context_started:
+            lines.append(
+                "  the dry run started CUDA here (PyTorch's fake CUDA tensors need a context for a backward):"
+                " this process now holds that context, as the cell's real run would; nothing else was allocated"
+            )
     elif device.device.startswith("cuda"):
         lines.append(
             "  not counted: the CUDA context this process would create (this process has not used the device yet)"

@@ -30,6 +30,7 @@ class DevicePrediction:
     reserved_is_bound: bool = False  # the cached free memory now was not reused in the model: an upper bound
     context_bytes: int | None = None  # this process's memory on the device outside PyTorch's (CUDA context...)
     context_is_device_wide: bool = False  # the context figure is the whole device's use less PyTorch's reserve
+    context_started: bool = False  # the dry run started CUDA on this device (context_bytes measured after)
     workspace_bytes: int = 0  # a cuBLAS workspace the cell's first matmul would make (counted in the peaks)
     workspace_note: str = ""
     by_kind: dict[str, int] = field(default_factory=dict)  # at the peak, MemTracker's kinds (512 B rounded)
@@ -65,6 +66,7 @@ class Prediction:
     shared: tuple[str, ...] = ()  # names that could not be copied
     seconds: float = 0.0
     iterations: int = 1  # forwards of the root module
+    started_contexts: tuple[str, ...] = ()  # CUDA devices the dry run started a context on (PyTorch's fakes did)
     refusal: Refusal | None = None
 
     @property
