@@ -80,6 +80,7 @@ def child_accuracy(name: str) -> dict[str, Any]:
         "predicted_peak_allocated": device.peak_allocated,
         "real_peak_allocated": real_allocated,
         "predicted_peak_reserved": device.peak_reserved,
+        "reserved_at_least": device.reserved_at_least,
         "real_peak_reserved": real_reserved,
         "predicted_end_allocated": device.end_allocated,
         "real_end_allocated": torch.cuda.memory_allocated(),
@@ -198,7 +199,8 @@ def markdown(rows: list[dict[str, Any]], searches: list[dict[str, Any]], cost: d
             f" / {row['real_peak_allocated'] / MIB:,.1f}"
             f" | {_error(row['predicted_peak_allocated'], row['real_peak_allocated'], start)}"
             f" | {_error(row['predicted_peak_allocated'], row['real_peak_allocated'])}"
-            f" | {row['predicted_peak_reserved'] / MIB:,.1f} / {row['real_peak_reserved'] / MIB:,.1f}"
+            f" | {'at least ' if row.get('reserved_at_least') else ''}{row['predicted_peak_reserved'] / MIB:,.1f}"
+            f" / {row['real_peak_reserved'] / MIB:,.1f}"
             f" | {_error(row['predicted_peak_reserved'], row['real_peak_reserved'])} | {row['dry_run_s']:.2f} |"
         )
     for row in searches:

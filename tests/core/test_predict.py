@@ -449,3 +449,15 @@ def test_a_cell_may_build_a_model_and_convert_it(cell: str, peak: int, end: int)
     assert prediction.refusal is None, prediction.refusal
     (cpu,) = prediction.devices
     assert (cpu.peak_allocated, cpu.end_allocated) == (peak, end)
+
+
+def test_reserved_with_cudnn_convolutions_is_said_to_be_a_lower_bound() -> None:
+    from gpumem.core.predict.result import DevicePrediction, Prediction
+
+    device = DevicePrediction(
+        "cuda:0", 0, 3 * MIB, MIB, reserved_now=0, peak_reserved=4 * MIB, end_reserved=2 * MIB, reserved_at_least=True
+    )
+    text = str(Prediction(devices=(device,)))
+    assert "peak 4.0 MiB" in text and "(at least: cuDNN picks each convolution's workspace" in text, text
+    plain = str(Prediction(devices=(DevicePrediction("cuda:0", 0, 3 * MIB, MIB, reserved_now=0, peak_reserved=MIB),)))
+    assert "at least" not in plain, plain

@@ -27,6 +27,12 @@ def test_predicted_peaks_match_the_allocator(name: str) -> None:
     real, predicted = row["real_peak_allocated"], row["predicted_peak_allocated"]
     assert abs(predicted - real) <= 0.01 * real, row
     real_reserved, predicted_reserved = row["real_peak_reserved"], row["predicted_peak_reserved"]
+    if name == "conv_batchnorm":
+        # cuDNN's run-time workspaces (hundreds of MiB each on the H200) are not seen: a lower bound, said so.
+        assert row["reserved_at_least"] is True, row
+        assert predicted_reserved <= real_reserved, row
+        return
+    assert row["reserved_at_least"] is False, row
     assert abs(predicted_reserved - real_reserved) <= 0.05 * real_reserved, row
 
 

@@ -260,6 +260,7 @@ def _device(
         peak_reserved=now.reserved + model.peak_reserved if _segments_modelled() else None,
         end_reserved=now.reserved + model.end_reserved if _segments_modelled() else None,
         reserved_is_bound=not now.segments and now.reserved > now.allocated,  # the cache could not be read
+        reserved_at_least=name in tracker.convolutions,
         context_bytes=now.context,
         context_is_device_wide=now.context_is_device_wide,
         workspace_bytes=workspace,
@@ -301,6 +302,7 @@ def _counted_device(
         reserved_now=0,
         peak_reserved=model.peak_reserved,
         end_reserved=model.end_reserved,
+        reserved_at_least=name in tracker.convolutions,
         workspace_bytes=workspace,
         workspace_note="made by the cell's matmuls (one per thread: the forward's and autograd's)" if workspace else "",
         by_kind=_kinds(peak),

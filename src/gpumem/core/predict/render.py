@@ -36,6 +36,12 @@ def _device_lines(device: DevicePrediction, *, on_gpu: bool) -> list[str]:
     )
     if device.peak_reserved is not None:
         bound = " (at most: the memory cached now was not reused)" if device.reserved_is_bound else ""
+        if device.reserved_at_least:
+            bound = (
+                " (at least: cuDNN picks each convolution's workspace when it runs, which can be hundreds of MiB, and"
+                " the allocator keeps it cached; a dry run cannot see it. When memory is short cuDNN takes a plan"
+                " with less, so the peak allocated decides whether it fits)"
+            )
         lines.append(
             f"  reserved   now {format_bytes(device.reserved_now or 0)}  peak {format_bytes(device.peak_reserved)}"
             f"  end of cell {format_bytes(device.end_reserved or 0)}  (the caching allocator's segments){bound}"

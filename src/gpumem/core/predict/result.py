@@ -28,6 +28,7 @@ class DevicePrediction:
     peak_reserved: int | None = None
     end_reserved: int | None = None
     reserved_is_bound: bool = False  # the cached free memory now was not reused in the model: an upper bound
+    reserved_at_least: bool = False  # cuDNN convolutions ran: their run-time workspaces come on top (a lower bound)
     context_bytes: int | None = None  # this process's memory on the device outside PyTorch's (CUDA context...)
     context_is_device_wide: bool = False  # the context figure is the whole device's use less PyTorch's reserve
     context_started: bool = False  # the dry run started CUDA on this device (context_bytes measured after)

@@ -41,6 +41,8 @@ _MATMULS = frozenset(
     {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_addmm_activation", "_scaled_mm"}
 )
 _LT_MATMULS = frozenset({"_addmm_activation", "_scaled_mm"})  # always through cuBLASLt
+# cuDNN allocates each convolution's workspace itself, of a size its plan chooses at run time.
+_CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "cudnn_convolution", "cudnn_convolution_transpose"})
 
 
 class ModuleFigures(NamedTuple):
@@ -65,6 +67,7 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
         self.modules: dict[str, ModuleFigures] = {}
         self.iterations = 1
         self._adopting = False
+        self.convolutions: set[str] = set()  # CUDA devices where cuDNN would run a convolution
 
     def adopt(self, objects: Iterable[Any], placements: Iterable[tuple[Any, int]] = ()) -> None:
         """Count what exists before the cell (modules, optimizers, tensors) as already allocated.
@@ -88,6 +91,12 @@ class StepTracker(MemTracker):  # type: ignore[no-untyped-call]
         name = func.overloadpacket.__name__
         if name in _MATMULS:
             self._first_matmul(args, lt=name in _LT_MATMULS or (name == "addmm" and _bias_vector(args)))
+        elif name in _CONVOLUTIONS and torch.backends.cudnn.enabled:
+            self.convolutions.update(
+                _device_name(leaf.device)
+                for leaf in tree_leaves(args)
+                if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda"
+            )
         result = super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
         if not _CUDA_BUILT and any(
             isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda" for leaf in tree_leaves(result)
