@@ -23,7 +23,7 @@ from gpumem.core.cells.attribution import (
     not_inspected_note,
     should_attribute,
 )
-from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
+from gpumem.core.cells.changes import cuda_note
 from gpumem.core.cells.conditions import Condition, ToldConditions, device_warnings, standing_conditions
 from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES, staircase_notes
 from gpumem.core.cells.record import (
@@ -47,7 +47,7 @@ from gpumem.core.cells.warnings import (
 from gpumem.core.cuda_fault import cuda_faults, fault_explanation, frozen_note, record_fault, take_untold
 from gpumem.core.fragmentation import ReserveReader
 from gpumem.core.monitor import Monitor
-from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
+from gpumem.core.peaks import PEAK_RESETS, RUNNING
 from gpumem.core.sampler import MAX_RATE_HZ
 from gpumem.core.sources import Snapshot
 from gpumem.core.units import MIB
@@ -221,21 +221,14 @@ class CellTracker:
         options = cell.options
         if options.attribute and options.mode == "magic" and namespace is not None:
             cell.baseline = self._attribution.at_start(namespace, options.devices)
-        memory = self.monitor.source
         start = self.monitor.snapshot()
         self._ensure_sampling()
         if options.mode != "auto" and self.start_sampler and not self._closed:
             # A cell measured on purpose is sampled as finely as the panel's finest view: a staircase in a
             # cell of a few seconds needs more than the idle rate's samples.
             self.monitor.acquire(_claim_of(cell), MAX_RATE_HZ)
-        reset: list[int] = []
-        if not options.keep_peaks:
-            reset = reset_raised_peaks(memory, [r for r in start.allocator if selected(r.device, options.devices)])
-        cell.start = start
-        cell.reset_devices = frozenset(reset)
-        self._resets.install()
-        cell.resets_at_start = self._resets.snapshot()
         # No sample of the start (or the end) itself: the figures take the maximum with both readings anyway.
+        cell.open(self.monitor.source, start, keep_peaks=options.keep_peaks, devices=options.devices)
         if cell.execution_count is not None:
             self.monitor.mark(f"[{cell.execution_count}]", start.monotonic_s)
         with self._lock:
@@ -264,8 +257,8 @@ class CellTracker:
         status, error_text = classify_error(error)
         count = execution_count if execution_count is not None else cell.execution_count
         fault = record_fault(error, count, end.allocator) if error is not None else None
-        devices = device_changes(cell, start, end, options.devices, self._resets)
-        host = host_change(cell, start, end)
+        devices = cell.device_changes(end, options.devices)
+        host = cell.host_change(end)
         key, first_line = self._source_names(cell.source)
         warnings = self._figure_warnings(key, devices, start, end, host, status)
         # Said once, here (or under the first cell measured after a fault seen elsewhere); later cells say
