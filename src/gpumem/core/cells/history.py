@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from gpumem.core.cells.formatting import STYLE, at_least, cell_label, format_duration
+from gpumem.core.cells.formatting import STYLE, cell_label, format_duration, peak_above
 from gpumem.core.cells.kinds import kinds_brief, kinds_since_earlier
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.files import replace_file
@@ -66,10 +66,9 @@ class HistoryTable:
                 if change is None:
                     row += ["-", "-"]
                 else:
-                    delta = change.peak_above_start_bytes
                     row += [
                         format_delta(change.allocated_delta_bytes),
-                        format_delta(delta) if change.peak_exact else at_least(delta, ""),
+                        peak_above(change.peak_above_start_bytes, change.peak_exact, ""),
                     ]
             row.append(format_delta(record.host.rss_delta_bytes) if record.host is not None else "n/a")
             row.append(_kinds_column(record))
