@@ -214,10 +214,10 @@ class Stretch:
         device = after.device
         allocated_before = before.allocated_bytes if before is not None else 0
         reserved_before = before.reserved_bytes if before is not None else 0
-        with self._lock:
-            running = self._allocated.get(device)
-            sampled_allocated = int(running.sampled or 0) if running is not None else 0
-            sampled_reserved = self._reserved.get(device, 0)
+        # No lock: each read is one atomic step, and a sample folded in meanwhile only raises a lower bound.
+        running = self._allocated.get(device)
+        sampled_allocated = int(running.sampled or 0) if running is not None else 0
+        sampled_reserved = self._reserved.get(device, 0)
         peak = cell_peak(
             before,
             after,
@@ -253,8 +253,7 @@ class Stretch:
         before, after = start.host, end.host
         if after.peak_rss_bytes > before.peak_rss_bytes:
             return HostChange(before.rss_bytes, after.rss_bytes, after.peak_rss_bytes, True)
-        with self._lock:
-            sampled = int(self._host.sampled or 0)
+        sampled = int(self._host.sampled or 0)
         return HostChange(before.rss_bytes, after.rss_bytes, max(sampled, before.rss_bytes, after.rss_bytes), False)
 
 

@@ -40,14 +40,16 @@ class PeaksSinceOpen:
     RESET = "peak reset"
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # the stretch and its label change together (Reset peak)
         self._stretch = Stretch(counters=True)
         self._since_label = self.OPENED
 
     def span(self) -> tuple[float | None, str]:
         """Since when the peaks count (None before the first snapshot) and what happened then, for the
         mark on the curves: the timeline holds samples from before the panel opened, the peaks do not."""
-        start = self._stretch.start
-        return (start.monotonic_s if start is not None else None), self._since_label
+        with self._lock:
+            start, label = self._stretch.start, self._since_label
+        return (start.monotonic_s if start is not None else None), label
 
     def note(self, snapshot: Snapshot) -> None:
         """Sampler thread (and the panel's own first read): fold one snapshot in."""
@@ -58,7 +60,8 @@ class PeaksSinceOpen:
         stretch = Stretch(counters=True)
         if baseline is not None:
             stretch.take_sample(baseline)
-        self._stretch, self._since_label = stretch, self.RESET
+        with self._lock:
+            self._stretch, self._since_label = stretch, self.RESET
 
     def frozen(self) -> tuple[dict[int, RunningPeak], RunningPeak]:
         """Copies the writer can read while the sampler thread keeps updating the originals."""
