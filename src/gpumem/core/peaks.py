@@ -255,8 +255,9 @@ def cell_peak(
 
 
 class RunningPeak:
-    """The highest value of one figure since a start instant (a panel opened, Reset peak), folded sample by
-    sample: the highest sample, and the peak counter judged by :func:`kept_counter_exact`.
+    """The highest value of one figure since a measured stretch began (:class:`gpumem.core.spans.Stretch`: a
+    cell, a scope, a panel opened, Reset peak), folded sample by sample: the highest sample and, where the
+    stretch watches it (one that never resets it), the peak counter judged by :func:`kept_counter_exact`.
 
     The counter (``max_memory_allocated``, the process's peak RSS) is shared and kept: it says nothing of
     the time since the start until it rises above its value then. Once it drops, someone reset it (a
