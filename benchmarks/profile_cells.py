@@ -95,6 +95,7 @@ def _parts() -> dict[str, float]:
     """Time the main parts of a measured cell; each call adds its duration to the returned dict by name."""
     from gpumem.core.cells import tracker as tracker_module
     from gpumem.core.sources import SystemSource
+    from gpumem.core.spans import Stretch
     from gpumem.ipython import extension
 
     state, hooks = extension.get_state(), extension.get_hooks()
@@ -108,7 +109,7 @@ def _parts() -> dict[str, float]:
         (state.tracker, "end", "tracker.end"),
         (state.tracker, "_figure_warnings", "  figure warnings (leaks, capacity, fragmentation)"),
         (state.tracker, "_variables", "  variables"),
-        (tracker_module, "device_changes", "  device changes"),
+        (Stretch, "device_changes", "  device changes"),
         (tracker_module, "staircase_notes", "  staircase notes"),
         (hooks, "show", "hooks.show"),
     ]

@@ -33,8 +33,8 @@ def test_a_capped_process_is_told_the_cap_apart_from_the_device() -> None:
     # PyTorch's observer reports the cap in place of the device's total when a fraction is set.
     observation = oom.OomObservation(0, 2 * GIB, ALLOWED, int(127.2 * GIB), time.monotonic())
     report = oom.explain(RuntimeError(CAPPED), observation=observation)
-    assert report.device_total_bytes == int(139.8 * GIB)  # the device's, from the message
-    assert report.allowed_bytes == ALLOWED  # exact, from the observer
+    assert report.figures.device_total_bytes == int(139.8 * GIB)  # the device's, from the message
+    assert report.figures.allowed_bytes == ALLOWED  # exact, from the observer
     text = oom.render_text(report)
     assert "free on the device 127.2 GiB of 139.8 GiB" in text
     assert "allowed 14.0 GiB, in use 12.6 GiB (reserved by PyTorch), left 1.4 GiB" in text
@@ -44,8 +44,8 @@ def test_a_capped_process_is_told_the_cap_apart_from_the_device() -> None:
 
 def test_the_cap_from_the_message_alone() -> None:
     report = oom.explain(RuntimeError(CAPPED))
-    assert report.allowed_bytes == int(13.98 * GIB)
-    assert report.device_total_bytes == int(139.8 * GIB)
+    assert report.figures.allowed_bytes == int(13.98 * GIB)
+    assert report.figures.device_total_bytes == int(139.8 * GIB)
     assert "allowed 14.0 GiB" in oom.render_text(report)
 
 
@@ -59,7 +59,7 @@ def test_without_a_cap_nothing_is_said_of_one() -> None:
     message = CAPPED.replace("13.98 GiB allowed; ", "")
     observation = oom.OomObservation(0, 2 * GIB, int(139.8 * GIB), int(127.2 * GIB), time.monotonic())
     report = oom.explain(RuntimeError(message), observation=observation)
-    assert report.allowed_bytes is None
+    assert report.figures.allowed_bytes is None
     assert "cap" not in oom.render_text(report)
 
 

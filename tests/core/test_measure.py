@@ -140,3 +140,28 @@ def test_the_reset_counter_is_one_wrapper_whatever_the_trackers(
     cells.end(cell)
     assert torch_c._cuda_resetPeakMemoryStats is original  # nothing is measured: torch's own function again
     cells.close()
+
+
+def test_a_measured_block_and_a_tracked_scope_are_one_kind_of_stretch(fake: FakeSource) -> None:
+    monitor = default_monitor()
+    kept = fake.allocate(GIB)
+    fake.transient(3 * GIB)  # a raised counter, which each of them resets when it starts
+    changes = []
+    for measuring in ("measure", "track"):
+        block = gpumem.measure(measuring) if measuring == "measure" else monitor.track(measuring)
+        with block:
+            grown = fake.allocate(256 * MIB)
+            fake.transient(2 * GIB)
+        assert block.record is not None
+        changes.append(block.record.devices[0])
+        fake.free(grown)
+        fake.transient(3 * GIB)
+    measured, tracked = changes
+    assert type(measured) is type(tracked)
+    # The same figures, by the same code; only a measured block asks NVML for this process's share too.
+    assert measured.process_used_after_bytes is not None and tracked.process_used_after_bytes is None
+    assert measured._replace(process_used_after_bytes=None) == tracked
+    assert measured.peak_exact and measured.peak_above_start_bytes == 2 * GIB + 256 * MIB
+    assert tracked.allocated_bytes == tracked.allocated_after_bytes == GIB + 256 * MIB  # a scope's "now"
+    monitor.stop()
+    fake.free(kept)

@@ -175,10 +175,10 @@ def test_figures_missing_from_the_message_come_from_the_source() -> None:
     source.free(handle)
     source.allocate(1 * GIB)
     report = oom.explain(RuntimeError("CUDA out of memory. Tried to allocate 1.50 GiB (GPU 0)"), source=source)
-    assert report.allocated_bytes == 1 * GIB
-    assert report.reserved_unallocated_bytes == 2 * GIB
+    assert report.figures.allocated_bytes == 1 * GIB
+    assert report.figures.reserved_unallocated_bytes == 2 * GIB
     assert report.fragmentation
-    assert report.device_free_bytes is None
+    assert report.figures.device_free_bytes is None
     assert "free on the device n/a" in oom.render_text(report)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpumem.core.distributed import RankFigures, RankReport
-from gpumem.core.spans import DeviceFigures
+from gpumem.core.spans import DeviceChange
 from gpumem.testing import GIB
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -85,7 +85,7 @@ def test_gather_without_a_process_group_says_what_to_do() -> None:
 
 
 def test_imbalance_needs_two_ranks_with_cuda_peaks() -> None:
-    figures = DeviceFigures(0, 0, 0, 0, 0, GIB, GIB, True, "", None, None)
+    figures = DeviceChange(0, 0, 0, 0, 0, GIB, True, "", GIB, None, None, None, False)
     one = RankFigures(0, 1, "h", 1, (figures,), None, None)
     assert RankReport((one,)).imbalance_text() == ""
     empty = RankFigures(1, 2, "h", 2, (), None, None)

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from gpumem.core.cells.record import CellOptions
+from gpumem.core.cells.tracker import CellTracker
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import RunningPeak, kept_counter_exact
 from gpumem.panel.header import build_header, render_header
@@ -165,3 +167,31 @@ def test_inline_and_docked_panels_each_report_their_own_span_by_the_same_rule() 
     assert twin.refresh() and again.refresh()
     peak_of = lambda p: re.search(r"peak since open (≥ )?[\d.]+ GiB", _text(p._header.value)).group(0)  # noqa: E731
     assert peak_of(twin) == peak_of(again) == "peak since open 4.0 GiB"
+
+
+def test_an_open_panel_neither_resets_the_counters_nor_keeps_a_cell_from_resetting_them() -> None:
+    source = FakeSource()
+    monitor = Monitor(source)
+    source.allocate(GIB)
+    source.transient(3 * GIB)  # the counter stands at 4 GiB when the panel opens
+    monitor.sampler.sample_once()
+    panel = Panel(monitor, autostart=False)
+    monitor.sampler.sample_once()
+    assert source.snapshot().allocator[0].peak_allocated_bytes == 4 * GIB  # the panel reset nothing
+    tracker = CellTracker(monitor, start_sampler=False)
+    try:
+        cell = tracker.begin("x = big()", options=CellOptions(mode="magic"))
+        source.transient(2 * GIB)  # 3 GiB, between samples
+        record = tracker.end(cell)
+    finally:
+        tracker.close()
+    # The panel is not a running measurement: the cell reset the raised counter and its peak is exact.
+    assert not record.keep_peaks
+    (change,) = record.devices
+    assert change.peak_exact and change.peak_allocated_bytes == 3 * GIB
+    monitor.sampler.sample_once()
+    assert panel.refresh()
+    # The panel saw the counter fall (the cell's reset): what it read since is still a peak since it opened,
+    # but a lower bound from then on.
+    assert "peak since open ≥ 3.0 GiB from the \u201cpanel opened\u201d mark" in _text(panel._header.value)
+    monitor.stop()

@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any, NamedTuple
 
-from gpumem.core.spans import DeviceFigures, SpanRecord
+from gpumem.core.spans import DeviceChange, SpanRecord, counter_changes
 from gpumem.core.units import format_bytes
 
 __all__ = ["RankFigures", "RankReport", "gather", "rank_figures"]
@@ -24,7 +24,7 @@ class RankFigures(NamedTuple):
     world_size: int
     hostname: str
     pid: int
-    devices: tuple[DeviceFigures, ...]
+    devices: tuple[DeviceChange, ...]
     host_rss_bytes: int | None
     host_peak_rss_bytes: int | None  # lifetime peak of the process (exact)
 
@@ -52,11 +52,11 @@ class RankReport(NamedTuple):
         )
 
 
-def _highest(records: list[SpanRecord], device: int, now: DeviceFigures) -> DeviceFigures:
+def _highest(records: list[SpanRecord], now: DeviceChange) -> DeviceChange:
     """The device's figures now, with the highest peak recorded on it; exact if that peak is."""
     best = now
     for record in records:
-        figures = record.device(device)
+        figures = record.device(now.device)
         if figures is not None and figures.peak_allocated_bytes > best.peak_allocated_bytes:
             best = now._replace(
                 peak_allocated_bytes=figures.peak_allocated_bytes,
@@ -71,16 +71,8 @@ def rank_figures(monitor: Any, rank: int, world_size: int) -> RankFigures:
     """This process's figures: the counters now, raised to the highest peak its tags and scopes saw."""
     snapshot = monitor.snapshot()
     records = list(monitor.recorder.tags) + list(monitor.recorder.scopes)
-    devices = []
-    for reading in snapshot.allocator:
-        nvml = snapshot.device_for(reading.device)
-        now = DeviceFigures(
-            reading.device, reading.allocated_bytes, reading.reserved_bytes, reading.allocated_bytes,
-            reading.reserved_bytes, reading.peak_allocated_bytes, reading.peak_reserved_bytes, True,
-            "the counter's value since it was last reset",
-            nvml.used_bytes if nvml else None, nvml.total_bytes if nvml else None,
-        )  # fmt: skip
-        devices.append(_highest(records, reading.device, now))
+    now = counter_changes(snapshot, "the counter's value since it was last reset")
+    devices = [_highest(records, figures) for figures in now]
     host = snapshot.host
     return RankFigures(
         rank, world_size, socket.gethostname(), os.getpid(), tuple(devices),

@@ -24,11 +24,12 @@ from gpumem.core.fragmentation import (
     free_reserve,
     read_segments,
 )
-from gpumem.core.oom_message import find_oom_error, parse_oom_message
+from gpumem.core.oom_message import OomFigures, find_oom_error, parse_oom_message
 from gpumem.core.runtime import cuda_source
 from gpumem.core.units import format_bytes
 
 __all__ = [
+    "OomFigures",
     "OomObservation",
     "OomReport",
     "attach_observer",
@@ -57,21 +58,15 @@ class OomObservation(NamedTuple):
 
 
 class OomReport(NamedTuple):
-    """Everything shown beneath an out-of-memory error."""
+    """Everything shown beneath an out-of-memory error: the figures (the observer's and the message's, with
+    the allocator's where the message says nothing), whether the reserve is fragmented, advice and holders."""
 
-    device: int | None
-    requested_bytes: int | None
-    device_total_bytes: int | None
-    device_free_bytes: int | None
-    process_bytes: int | None
-    allocated_bytes: int | None
-    reserved_unallocated_bytes: int | None
+    figures: OomFigures
     fragmentation: bool
     advice: tuple[str, ...]
     holders: Any  # gpumem.core.holders.HolderReport | None
     source_of_figures: str  # "observer", "message", "observer+message"
     free_reserve: FreeReserve | None = None  # the allocator's free pieces after the error, where readable
-    allowed_bytes: int | None = None  # this process's cap (set_per_process_memory_fraction), when one is set
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,19 +124,14 @@ def explain(
     advice = _cap_advice(requested, allowed, allocated, unallocated, free_bytes)
     advice += _advice(requested, total, free_bytes, fragmented, report_holders, str(error))
     return OomReport(
-        device=device,
-        requested_bytes=requested,
-        device_total_bytes=total,
-        device_free_bytes=free_bytes,
-        process_bytes=figures.process_bytes,
-        allocated_bytes=allocated,
-        reserved_unallocated_bytes=unallocated,
+        figures=OomFigures(
+            device, requested, total, free_bytes, figures.process_bytes, allocated, unallocated, allowed
+        ),
         fragmentation=fragmentation,
         advice=tuple(advice),
         holders=report_holders,
         source_of_figures=origin,
         free_reserve=reserve,
-        allowed_bytes=allowed,
     )
 
 
@@ -296,18 +286,19 @@ def _b(value: int | None) -> str:
 
 
 def _summary_lines(report: OomReport) -> list[str]:
-    where = f"cuda:{report.device}" if report.device is not None else "the GPU"
+    figures = report.figures
+    where = f"cuda:{figures.device}" if figures.device is not None else "the GPU"
     lines = [f"gpumem: CUDA out of memory on {where}"]
-    device_figures = (report.requested_bytes, report.device_free_bytes, report.device_total_bytes)
+    device_figures = (figures.requested_bytes, figures.device_free_bytes, figures.device_total_bytes)
     if any(value is not None for value in device_figures):
         lines.append(
-            f"  requested {_b(report.requested_bytes)}; free on the device {_b(report.device_free_bytes)} "
-            f"of {_b(report.device_total_bytes)}"
-            + (f"; this process uses {_b(report.process_bytes)}" if report.process_bytes is not None else "")
+            f"  requested {_b(figures.requested_bytes)}; free on the device {_b(figures.device_free_bytes)} "
+            f"of {_b(figures.device_total_bytes)}"
+            + (f"; this process uses {_b(figures.process_bytes)}" if figures.process_bytes is not None else "")
         )
-    if report.allowed_bytes is not None:
-        lines.append("  " + _cap_line(report))
-    if report.allocated_bytes is not None or report.reserved_unallocated_bytes is not None:
+    if figures.allowed_bytes is not None:
+        lines.append("  " + _cap_line(figures))
+    if figures.allocated_bytes is not None or figures.reserved_unallocated_bytes is not None:
         reserve = report.free_reserve
         pieces = (
             f" in {reserve.pieces:,} pieces, the largest {format_bytes(reserve.largest_free_bytes)}"
@@ -315,21 +306,21 @@ def _summary_lines(report: OomReport) -> list[str]:
             else ""
         )
         lines.append(
-            f"  PyTorch: allocated {_b(report.allocated_bytes)}, reserved but unallocated "
-            f"{_b(report.reserved_unallocated_bytes)}{pieces}" + (" (fragmentation)" if report.fragmentation else "")
+            f"  PyTorch: allocated {_b(figures.allocated_bytes)}, reserved but unallocated "
+            f"{_b(figures.reserved_unallocated_bytes)}{pieces}" + (" (fragmentation)" if report.fragmentation else "")
         )
     if len(lines) == 1:
         lines.append("  the error states no sizes, and none could be read from the device")
     return lines
 
 
-def _cap_line(report: OomReport) -> str:
+def _cap_line(figures: OomFigures) -> str:
     """The cap as the cap: what PyTorch's reserve may reach, how much of it is in use, how much is left."""
-    allowed = report.allowed_bytes or 0
+    allowed = figures.allowed_bytes or 0
     text = f"this process's cap (set_per_process_memory_fraction): allowed {format_bytes(allowed)}"
-    if report.allocated_bytes is None or report.reserved_unallocated_bytes is None:
+    if figures.allocated_bytes is None or figures.reserved_unallocated_bytes is None:
         return text
-    in_use = report.allocated_bytes + report.reserved_unallocated_bytes
+    in_use = figures.allocated_bytes + figures.reserved_unallocated_bytes
     return f"{text}, in use {format_bytes(in_use)} (reserved by PyTorch), left {format_bytes(max(0, allowed - in_use))}"
 
 

@@ -17,7 +17,8 @@ __all__ = ["OomFigures", "find_oom_error", "parse_oom_message"]
 
 
 class OomFigures(NamedTuple):
-    """Figures parsed from the error message; None where the message does not say."""
+    """An out-of-memory error's figures: parsed from its message (None where it does not say), or, in an
+    :class:`~gpumem.core.oom.OomReport`, the observer's and the allocator's with the message's."""
 
     device: int | None
     requested_bytes: int | None

@@ -255,14 +255,17 @@ def cell_peak(
 
 
 class RunningPeak:
-    """The highest value of one figure since a start instant (a panel opened, Reset peak), folded sample by
-    sample: the highest sample, and the peak counter judged by :func:`kept_counter_exact`.
+    """The highest value of one figure since a measured stretch began (:class:`gpumem.core.spans.Stretch`: a
+    cell, a scope, a panel opened, Reset peak), folded sample by sample: the highest sample and, where the
+    stretch watches it (one that never resets it), the peak counter judged by :func:`kept_counter_exact`.
 
     The counter (``max_memory_allocated``, the process's peak RSS) is shared and kept: it says nothing of
     the time since the start until it rises above its value then. Once it drops, someone reset it (a
     measured cell does, at its start): its later values are still real peaks since the start, so they
     still count, but the figure is a lower bound from then on.
     """
+
+    __slots__ = ("_counter_last", "_counter_peak", "_counter_start", "_reset_seen", "_sampled")
 
     def __init__(self) -> None:
         self.reset()
@@ -275,7 +278,10 @@ class RunningPeak:
         self._reset_seen = False
 
     def update(self, current: float, counter: float | None) -> None:
-        self._sampled = current if self._sampled is None else max(self._sampled, current)
+        """Fold one sample in: ``current``, and the peak counter's value (None: the counter is not watched)."""
+        sampled = self._sampled
+        if sampled is None or current > sampled:
+            self._sampled = current
         if counter is None:
             return
         if self._counter_start is None:
@@ -290,7 +296,8 @@ class RunningPeak:
     def copy(self) -> RunningPeak:
         """A copy that later updates leave alone (cheaper than copy.copy, taken every header push per device)."""
         twin = RunningPeak.__new__(RunningPeak)
-        twin.__dict__.update(self.__dict__)
+        for name in RunningPeak.__slots__:
+            setattr(twin, name, getattr(self, name))
         return twin
 
     @property

@@ -9,7 +9,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from gpumem.core.spans import DeviceFigures, SpanRecord
+from gpumem.core.spans import DeviceChange, SpanRecord
 from gpumem.core.units import format_bytes
 
 __all__ = ["MemoryReport", "report_rows"]
@@ -48,14 +48,14 @@ def _host_cells(record: SpanRecord) -> tuple[str, str]:
     return format_bytes(host.rss_bytes), peak if host.peak_exact else f"≥ {peak}"
 
 
-def _used_text(device: DeviceFigures) -> str:
+def _used_text(device: DeviceChange) -> str:
     """NVML's use of the whole device (every process), of its total."""
     if device.used_bytes is None or device.total_bytes is None:
         return "n/a"
     return f"{format_bytes(device.used_bytes)} / {format_bytes(device.total_bytes)}"
 
 
-def _device_rows(record: SpanRecord) -> Sequence[DeviceFigures | None]:
+def _device_rows(record: SpanRecord) -> Sequence[DeviceChange | None]:
     return record.devices or (None,)
 
 
@@ -202,6 +202,22 @@ class MemoryReport:
         return pd.DataFrame(report_rows(self.tags + self.scopes))
 
 
+# A row's per-device columns (a span's "now" is the end of its stretch).
+_ROW_FIELDS = (
+    "device",
+    "allocated_bytes",
+    "reserved_bytes",
+    "allocated_before_bytes",
+    "reserved_before_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "peak_exact",
+    "peak_note",
+    "used_bytes",
+    "total_bytes",
+)
+
+
 def report_rows(records: Sequence[SpanRecord]) -> list[dict[str, Any]]:
     """Plain rows (bytes, booleans, seconds) for a DataFrame or a JSON file."""
     rows = []
@@ -219,6 +235,6 @@ def report_rows(records: Sequence[SpanRecord]) -> list[dict[str, Any]]:
             "host_peak_exact": host.peak_exact if host else None,
         }
         for device in _device_rows(record):
-            figures = device._asdict() if device is not None else {"device": None}
+            figures = {name: getattr(device, name) for name in _ROW_FIELDS} if device is not None else {"device": None}
             rows.append({**base, **figures})
     return rows

@@ -1,9 +1,10 @@
-"""A measured stretch of a script (between two tags, or inside ``with monitor.track(...)``).
+"""A measured stretch of time and its figures: a cell, a ``gpumem.measure`` block, a segment of a script's
+tags and scopes, the panel's "since it opened".
 
-A span follows the process-wide peak rule of :mod:`gpumem.core.peaks`, like ``gpumem.measure``: it
-resets the raised peak counters when it starts unless another measurement runs (then the outer one
-keeps its exact peak and this one's peak is exact only if the counter rose above its earlier value),
-and a reset by anyone else during the span makes its peak a labelled lower bound.
+A stretch follows the process-wide peak rule of :mod:`gpumem.core.peaks`: it resets the raised peak
+counters when it starts unless its peaks are kept or another measurement runs (then the outer one keeps
+its exact peak and this one's peak is exact only if the counter rose above its earlier value), and a reset
+by anyone else during the stretch makes its peak a labelled lower bound.
 """
 
 from __future__ import annotations
@@ -12,38 +13,95 @@ import threading
 import time
 from typing import NamedTuple
 
-from gpumem.core.peaks import PEAK_RESETS, RUNNING, cell_peak, reset_raised_peaks
+from gpumem.core.peaks import PEAK_RESETS, RUNNING, RunningPeak, cell_peak, reset_raised_peaks
 from gpumem.core.readings import AllocatorReading, Snapshot
 from gpumem.core.sources import MemorySource
 
-__all__ = ["FIRST_TAG_NOTE", "DeviceFigures", "HostFigures", "Span", "SpanRecord", "first_tag_record"]
+__all__ = [
+    "FIRST_TAG_NOTE",
+    "DeviceChange",
+    "HostChange",
+    "Span",
+    "SpanRecord",
+    "Stretch",
+    "counter_changes",
+    "first_tag_record",
+    "selected",
+]
 
 FIRST_TAG_NOTE = "first tag: the counter's value since CUDA started or the counters were last reset"
 
 
-class DeviceFigures(NamedTuple):
-    """One CUDA device over a span: current use, use at the span's start and the span's peak."""
+class DeviceChange(NamedTuple):
+    """One CUDA device over a measured stretch. Allocated/reserved are PyTorch's; ``used`` is NVML's whole device."""
 
     device: int
-    allocated_bytes: int
-    reserved_bytes: int
     allocated_before_bytes: int
+    allocated_after_bytes: int
     reserved_before_bytes: int
-    peak_allocated_bytes: int
+    reserved_after_bytes: int
+    peak_allocated_bytes: int  # highest allocated during the stretch (absolute)
+    peak_exact: bool  # from the allocator's counter; False: highest sampled value, a lower bound
+    peak_note: str  # why the peak is not exact, or ""
     peak_reserved_bytes: int
-    peak_exact: bool  # False: the peak is a lower bound (peak_note says why)
-    peak_note: str
-    used_bytes: int | None  # NVML, every process on the device
+    used_before_bytes: int | None  # None: NVML unavailable
+    used_after_bytes: int | None
     total_bytes: int | None
+    initialized_in_cell: bool  # CUDA was first used on this device inside the stretch
+    process_used_after_bytes: int | None = None  # NVML: this process's share of the device at the end
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Allocated at the end (a tag's or scope's "now")."""
+        return self.allocated_after_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.reserved_after_bytes
+
+    @property
+    def used_bytes(self) -> int | None:
+        return self.used_after_bytes
+
+    @property
+    def allocated_delta_bytes(self) -> int:
+        return self.allocated_after_bytes - self.allocated_before_bytes
+
+    @property
+    def reserved_delta_bytes(self) -> int:
+        return self.reserved_after_bytes - self.reserved_before_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_allocated_bytes - self.allocated_before_bytes
+
+    @property
+    def used_delta_bytes(self) -> int | None:
+        if self.used_before_bytes is None or self.used_after_bytes is None:
+            return None
+        return self.used_after_bytes - self.used_before_bytes
 
 
-class HostFigures(NamedTuple):
-    """This process's resident memory over a span; the peak is exact when the lifetime peak rose in it."""
+class HostChange(NamedTuple):
+    """This process's resident memory over a measured stretch."""
 
-    rss_bytes: int
     rss_before_bytes: int
+    rss_after_bytes: int
     peak_rss_bytes: int
-    peak_exact: bool
+    peak_exact: bool  # the lifetime peak rose during the stretch, so it is the stretch's; else sampled, a lower bound
+
+    @property
+    def rss_bytes(self) -> int:
+        """Resident at the end."""
+        return self.rss_after_bytes
+
+    @property
+    def rss_delta_bytes(self) -> int:
+        return self.rss_after_bytes - self.rss_before_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_rss_bytes - self.rss_before_bytes
 
 
 class SpanRecord(NamedTuple):
@@ -56,61 +114,170 @@ class SpanRecord(NamedTuple):
     wall_time_s: float  # when it ended (a tag: when it was taken)
     monotonic_s: float
     duration_s: float
-    devices: tuple[DeviceFigures, ...]
-    host: HostFigures | None
+    devices: tuple[DeviceChange, ...]
+    host: HostChange | None
     error: str | None = None  # a scope left by an exception: its type and message
 
     @property
     def depth(self) -> int:
         return len(self.path) - 1
 
-    def device(self, index: int) -> DeviceFigures | None:
+    def device(self, index: int) -> DeviceChange | None:
         return next((figures for figures in self.devices if figures.device == index), None)
 
 
-class Span:
-    """Between :meth:`begin` and :meth:`end`; ``finished`` is what :data:`gpumem.core.peaks.RUNNING` reads."""
+def selected(device: int, devices: tuple[int, ...] | None) -> bool:
+    """Whether ``device`` is among those asked for (None: every device)."""
+    return devices is None or device in devices
 
-    def __init__(self, source: MemorySource, *, keep_peaks: bool = False) -> None:
-        self.source = source
-        self.keep_peaks = keep_peaks
+
+def _in_use(before: AllocatorReading | None, after: AllocatorReading) -> bool:
+    if after.reserved_bytes or after.allocated_bytes or after.peak_allocated_bytes:
+        return True
+    return before is not None and bool(before.reserved_bytes or before.allocated_bytes)
+
+
+class Stretch:
+    """A measured stretch of time: its start, the highest values sampled since, and its figures at the end.
+
+    One type serves a measured cell (and a ``gpumem.measure`` block), a segment of a script's tags and
+    scopes, and the panel's "since it opened". :meth:`open` takes the start and resets the raised peak
+    counters unless the peaks are kept; a stretch never opened (the panel's) resets nothing and takes its
+    first sample as its start. :meth:`take_sample` is the one fold of a sample into the running maxima (a
+    :class:`~gpumem.core.peaks.RunningPeak` per device's allocated memory and for the host's RSS, which
+    also watch the peak counters when ``counters``). ``finished`` is what
+    :data:`gpumem.core.peaks.RUNNING` reads.
+    """
+
+    def __init__(self, *, counters: bool = False) -> None:
+        self.counters = counters  # watch the shared peak counters at every sample (a stretch that never resets)
         self.finished = False
         self.start: Snapshot | None = None
         self.reset_devices: frozenset[int] = frozenset()
         self.resets_at_start: dict[int | None, int] = {}
         self._lock = threading.Lock()
-        self._sampled_allocated: dict[int, int] = {}
-        self._sampled_reserved: dict[int, int] = {}
-        self._sampled_rss = 0
+        self._allocated: dict[int, RunningPeak] = {}
+        self._reserved: dict[int, int] = {}
+        self._host = RunningPeak()
+
+    def open(self, source: MemorySource, start: Snapshot, *, keep_peaks: bool, devices: tuple[int, ...] | None) -> None:
+        """Start at ``start``: reset the raised counters of ``devices`` (None: all) unless ``keep_peaks``,
+        and count resets by anyone else from now on."""
+        chosen = start.allocator if devices is None else [r for r in start.allocator if r.device in devices]
+        reset = [] if keep_peaks else reset_raised_peaks(source, chosen)
+        self.start, self.reset_devices = start, frozenset(reset)
+        PEAK_RESETS.install()
+        self.resets_at_start = PEAK_RESETS.snapshot()
+
+    def take_sample(self, snapshot: Snapshot) -> None:
+        """Fold one sample into the running maxima (the sampler's thread and the caller's alike)."""
+        counters = self.counters
+        with self._lock:
+            if self.start is None:
+                self.start = snapshot
+            for reading in snapshot.allocator:
+                device = reading.device
+                peak = self._allocated.get(device)
+                if peak is None:
+                    peak = self._allocated[device] = RunningPeak()
+                peak.update(reading.allocated_bytes, reading.peak_allocated_bytes if counters else None)
+                if reading.reserved_bytes > self._reserved.get(device, -1):
+                    self._reserved[device] = reading.reserved_bytes
+            if snapshot.host is not None:
+                self._host.update(snapshot.host.rss_bytes, snapshot.host.peak_rss_bytes if counters else None)
+
+    def running_peaks(self) -> tuple[dict[int, RunningPeak], RunningPeak]:
+        """Copies of the running peaks (allocated per device, host RSS) that later samples leave alone."""
+        with self._lock:
+            return {device: peak.copy() for device, peak in self._allocated.items()}, self._host.copy()
+
+    def device_changes(
+        self, end: Snapshot, devices: tuple[int, ...] | None = None, *, every: bool = False
+    ) -> tuple[DeviceChange, ...]:
+        """One change per device asked for; when none was asked for, per device in use (``every``: per
+        device the end shows)."""
+        start = self.start
+        assert start is not None
+        changes: list[DeviceChange] = []
+        for after in end.allocator:
+            if not selected(after.device, devices):
+                continue
+            before = start.allocator_for(after.device)
+            if devices is None and not every and not _in_use(before, after):
+                continue
+            changes.append(self._device_change(before, after, start, end))
+        return tuple(changes)
+
+    def _device_change(
+        self, before: AllocatorReading | None, after: AllocatorReading, start: Snapshot, end: Snapshot
+    ) -> DeviceChange:
+        device = after.device
+        allocated_before = before.allocated_bytes if before is not None else 0
+        reserved_before = before.reserved_bytes if before is not None else 0
+        # No lock: each read is one atomic step, and a sample folded in meanwhile only raises a lower bound.
+        running = self._allocated.get(device)
+        sampled_allocated = int(running.sampled or 0) if running is not None else 0
+        sampled_reserved = self._reserved.get(device, 0)
+        peak = cell_peak(
+            before,
+            after,
+            max(sampled_allocated, allocated_before, after.allocated_bytes),
+            max(sampled_reserved, reserved_before, after.reserved_bytes),
+            reset_at_start=device in self.reset_devices,
+            reset_in_cell=PEAK_RESETS.reset_since(device, self.resets_at_start),
+        )
+        used_before = start.device_for(device)
+        used_after = end.device_for(device)
+        return DeviceChange(
+            device=device,
+            allocated_before_bytes=allocated_before,
+            allocated_after_bytes=after.allocated_bytes,
+            reserved_before_bytes=reserved_before,
+            reserved_after_bytes=after.reserved_bytes,
+            peak_allocated_bytes=peak.allocated_bytes,
+            peak_exact=peak.exact,
+            peak_note=peak.note,
+            peak_reserved_bytes=peak.reserved_bytes,
+            used_before_bytes=used_before.used_bytes if used_before is not None else None,
+            used_after_bytes=used_after.used_bytes if used_after is not None else None,
+            total_bytes=used_after.total_bytes if used_after is not None else None,
+            initialized_in_cell=before is None,
+            process_used_after_bytes=used_after.process_used_bytes if used_after is not None else None,
+        )
+
+    def host_change(self, end: Snapshot) -> HostChange | None:
+        """Resident memory over the stretch; the peak is exact when the lifetime peak rose during it."""
+        start = self.start
+        if start is None or start.host is None or end.host is None:
+            return None
+        before, after = start.host, end.host
+        if after.peak_rss_bytes > before.peak_rss_bytes:
+            return HostChange(before.rss_bytes, after.rss_bytes, after.peak_rss_bytes, True)
+        sampled = int(self._host.sampled or 0)
+        return HostChange(before.rss_bytes, after.rss_bytes, max(sampled, before.rss_bytes, after.rss_bytes), False)
+
+
+class Span(Stretch):
+    """A segment of a script's tags and scopes, between :meth:`begin` and :meth:`end`."""
+
+    def __init__(self, source: MemorySource, *, keep_peaks: bool = False) -> None:
+        super().__init__()
+        self.source = source
+        self.keep_peaks = keep_peaks
         self._began_perf_s = 0.0
         self._began_wall_s = 0.0
 
     def begin(self, start: Snapshot | None = None) -> Span:
         """Read the start (or take ``start``) and reset the raised counters unless another measurement runs."""
-        RUNNING.add(self)
-        keep = self.keep_peaks or RUNNING.others_running(self)
+        keep = RUNNING.add(self) or self.keep_peaks
         try:
             start = start if start is not None else self.source.snapshot()
-            reset = [] if keep else reset_raised_peaks(self.source, start.allocator)
-            PEAK_RESETS.install()
-            self.resets_at_start = PEAK_RESETS.snapshot()
+            self.open(self.source, start, keep_peaks=keep, devices=None)
         except BaseException:
             self.finished = True
             raise
-        self.start, self.reset_devices = start, frozenset(reset)
         self._began_perf_s, self._began_wall_s = time.perf_counter(), time.time()
-        self.take_sample(start)
         return self
-
-    def take_sample(self, snapshot: Snapshot) -> None:
-        """Fold one sample into the running maxima (sampler thread and caller alike)."""
-        with self._lock:
-            for reading in snapshot.allocator:
-                device = reading.device
-                self._sampled_allocated[device] = max(self._sampled_allocated.get(device, 0), reading.allocated_bytes)
-                self._sampled_reserved[device] = max(self._sampled_reserved.get(device, 0), reading.reserved_bytes)
-            if snapshot.host is not None:
-                self._sampled_rss = max(self._sampled_rss, snapshot.host.rss_bytes)
 
     def end(
         self, label: str, kind: str, path: tuple[str, ...], error: str | None = None
@@ -121,75 +288,38 @@ class Span:
             end = self.source.snapshot()
         finally:
             self.finished = True
-        self.take_sample(end)
-        start = self.start
-        assert start is not None
-        devices = tuple(self._device(reading, start, end) for reading in end.allocator)
+        devices = self.device_changes(end, every=True)
         PEAK_RESETS.release()
         record = SpanRecord(
             label, kind, path, self._began_wall_s, end.wall_time_s, end.monotonic_s, duration_s,
-            devices, self._host(start, end), error,
+            devices, self.host_change(end), error,
         )  # fmt: skip
         return record, end
 
-    def _device(self, after: AllocatorReading, start: Snapshot, end: Snapshot) -> DeviceFigures:
-        device = after.device
-        before = start.allocator_for(device)
-        with self._lock:
-            sampled_allocated = self._sampled_allocated.get(device, 0)
-            sampled_reserved = self._sampled_reserved.get(device, 0)
-        peak = cell_peak(
-            before,
-            after,
-            sampled_allocated,
-            sampled_reserved,
-            reset_at_start=device in self.reset_devices,
-            reset_in_cell=PEAK_RESETS.reset_since(device, self.resets_at_start),
-        )
-        nvml = end.device_for(device)
-        return DeviceFigures(
-            device,
-            after.allocated_bytes,
-            after.reserved_bytes,
-            before.allocated_bytes if before is not None else 0,
-            before.reserved_bytes if before is not None else 0,
-            peak.allocated_bytes,
-            peak.reserved_bytes,
-            peak.exact,
-            peak.note,
-            nvml.used_bytes if nvml is not None else None,
-            nvml.total_bytes if nvml is not None else None,
-        )
 
-    def _host(self, start: Snapshot, end: Snapshot) -> HostFigures | None:
-        if start.host is None or end.host is None:
-            return None
-        before, after = start.host, end.host
-        if after.peak_rss_bytes > before.peak_rss_bytes:
-            return HostFigures(after.rss_bytes, before.rss_bytes, after.peak_rss_bytes, True)
-        with self._lock:
-            sampled = max(self._sampled_rss, before.rss_bytes, after.rss_bytes)
-        return HostFigures(after.rss_bytes, before.rss_bytes, sampled, False)
+def counter_changes(snapshot: Snapshot, note: str) -> tuple[DeviceChange, ...]:
+    """Each device as ``snapshot`` shows it, its peak the counter's own value (exact, ``note`` says since when)."""
+    devices = []
+    for reading in snapshot.allocator:
+        nvml = snapshot.device_for(reading.device)
+        used = nvml.used_bytes if nvml is not None else None
+        devices.append(
+            DeviceChange(
+                reading.device, reading.allocated_bytes, reading.allocated_bytes, reading.reserved_bytes,
+                reading.reserved_bytes, reading.peak_allocated_bytes, True, note, reading.peak_reserved_bytes,
+                used, used, nvml.total_bytes if nvml is not None else None, False,
+            )
+        )  # fmt: skip
+    return tuple(devices)
 
 
 def first_tag_record(label: str, snapshot: Snapshot) -> SpanRecord:
     """The first tag has no earlier tag: its peak is the counter's own value, whatever it covers."""
-    devices = []
-    for reading in snapshot.allocator:
-        nvml = snapshot.device_for(reading.device)
-        devices.append(
-            DeviceFigures(
-                reading.device, reading.allocated_bytes, reading.reserved_bytes,
-                reading.allocated_bytes, reading.reserved_bytes,
-                reading.peak_allocated_bytes, reading.peak_reserved_bytes, True, FIRST_TAG_NOTE,
-                nvml.used_bytes if nvml is not None else None, nvml.total_bytes if nvml is not None else None,
-            )
-        )  # fmt: skip
     host = snapshot.host
-    host_figures = HostFigures(host.rss_bytes, host.rss_bytes, host.peak_rss_bytes, True) if host is not None else None
+    host_change = HostChange(host.rss_bytes, host.rss_bytes, host.peak_rss_bytes, True) if host is not None else None
     return SpanRecord(
         label, "tag", (label,), snapshot.wall_time_s, snapshot.wall_time_s, snapshot.monotonic_s, 0.0,
-        tuple(devices), host_figures,
+        counter_changes(snapshot, FIRST_TAG_NOTE), host_change,
     )  # fmt: skip
 
 
@@ -209,6 +339,8 @@ def combine(earlier: SpanRecord, later: SpanRecord, label: str) -> SpanRecord:
             second._replace(
                 allocated_before_bytes=first.allocated_before_bytes,
                 reserved_before_bytes=first.reserved_before_bytes,
+                used_before_bytes=first.used_before_bytes,
+                initialized_in_cell=first.initialized_in_cell or second.initialized_in_cell,
                 peak_allocated_bytes=max(first.peak_allocated_bytes, second.peak_allocated_bytes),
                 peak_reserved_bytes=max(first.peak_reserved_bytes, second.peak_reserved_bytes),
                 peak_exact=exact,

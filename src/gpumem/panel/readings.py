@@ -2,7 +2,7 @@
 
 The monitor's sampler is the one reader of torch, NVML and psutil. A :class:`Readings` listens to it
 and keeps the newest snapshot and the names and capacities of the devices it saw; a
-:class:`PeaksSinceOpen` folds every snapshot into the peaks since a panel opened; a
+:class:`PeaksSinceOpen` folds every snapshot into the measured stretch since a panel opened; a
 :class:`SamplerClaim` keeps the sampler running while someone shows its figures.
 """
 
@@ -17,6 +17,7 @@ from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import RunningPeak
 from gpumem.core.sampler import Sampler
 from gpumem.core.sources import DeviceInfo, Snapshot
+from gpumem.core.spans import Stretch
 
 __all__ = [
     "SAMPLE_LATE_S",
@@ -31,52 +32,40 @@ __all__ = [
 
 
 class PeaksSinceOpen:
-    """Per device and for the host: the peak since the panel opened (or Reset peak), each judged exact or
-    not by core's one rule (:class:`gpumem.core.peaks.RunningPeak`)."""
+    """Per device and for the host: the peak since the panel opened (or Reset peak). A measured stretch of
+    core's (:class:`gpumem.core.spans.Stretch`) that never resets the peak counters and is not counted as a
+    running measurement; each peak is judged by core's one rule (:class:`gpumem.core.peaks.RunningPeak`)."""
 
     OPENED = "panel opened"
     RESET = "peak reset"
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._devices: dict[int, RunningPeak] = {}
-        self._host = RunningPeak()
-        self._since_s: float | None = None  # monotonic instant of the span's first snapshot
+        self._lock = threading.Lock()  # the stretch and its label change together (Reset peak)
+        self._stretch = Stretch(counters=True)
         self._since_label = self.OPENED
 
     def span(self) -> tuple[float | None, str]:
         """Since when the peaks count (None before the first snapshot) and what happened then, for the
         mark on the curves: the timeline holds samples from before the panel opened, the peaks do not."""
         with self._lock:
-            return self._since_s, self._since_label
+            start, label = self._stretch.start, self._since_label
+        return (start.monotonic_s if start is not None else None), label
 
     def note(self, snapshot: Snapshot) -> None:
         """Sampler thread (and the panel's own first read): fold one snapshot in."""
-        with self._lock:
-            if self._since_s is None:
-                self._since_s = snapshot.monotonic_s
-            for reading in snapshot.allocator:
-                tracker = self._devices.get(reading.device)
-                if tracker is None:
-                    tracker = self._devices[reading.device] = RunningPeak()
-                tracker.update(reading.allocated_bytes, reading.peak_allocated_bytes)
-            if snapshot.host is not None:
-                self._host.update(snapshot.host.rss_bytes, snapshot.host.peak_rss_bytes)
+        self._stretch.take_sample(snapshot)
 
     def restart(self, baseline: Snapshot | None) -> None:
-        """Forget every peak; ``baseline`` (the newest snapshot) is the first value of the new span."""
-        with self._lock:
-            for tracker in self._devices.values():
-                tracker.reset()
-            self._host.reset()
-            self._since_s, self._since_label = None, self.RESET
+        """Forget every peak; ``baseline`` (the newest snapshot) is the first value of the new stretch."""
+        stretch = Stretch(counters=True)
         if baseline is not None:
-            self.note(baseline)
+            stretch.take_sample(baseline)
+        with self._lock:
+            self._stretch, self._since_label = stretch, self.RESET
 
     def frozen(self) -> tuple[dict[int, RunningPeak], RunningPeak]:
         """Copies the writer can read while the sampler thread keeps updating the originals."""
-        with self._lock:
-            return {index: tracker.copy() for index, tracker in self._devices.items()}, self._host.copy()
+        return self._stretch.running_peaks()
 
 
 class Readings:

@@ -16,7 +16,6 @@ whether a peak is exact is :mod:`gpumem.core.peaks`.
 
 from __future__ import annotations
 
-from gpumem.core.cells.active import ActiveCell
 from gpumem.core.cells.attribution import MAX_CHANGED_NAMES, HolderFinder
 from gpumem.core.cells.record import (
     STATUS_ERROR,
@@ -35,7 +34,7 @@ from gpumem.core.cells.record import (
     first_line_of,
     source_key,
 )
-from gpumem.core.cells.tracker import CellTracker
+from gpumem.core.cells.tracker import ActiveCell, CellTracker
 from gpumem.core.peaks import KEPT_PEAK_NOTE, PEAK_RESET_NOTE
 
 __all__ = [

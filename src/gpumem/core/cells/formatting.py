@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.units import format_delta, format_duration
 
-__all__ = ["STYLE", "at_least", "cell_label", "format_duration"]
+__all__ = ["STYLE", "at_least", "cell_label", "format_duration", "peak_above"]
 
 STYLE = (
     "<style>"
@@ -41,3 +41,8 @@ def cell_label(record: CellRecord) -> str:
 def at_least(delta: int, space: str = " ") -> str:
     """A sampled peak above the start, a lower bound: ``'≥ +1.0 GiB'``, and ``'≥ 0 B'`` rather than ``'≥ ±0 B'``."""
     return f"\u2265{space}{format_delta(delta) if delta else '0 B'}"
+
+
+def peak_above(delta: int, exact: bool, space: str = " ") -> str:
+    """A peak above the start: its delta when exact, else the lower bound (:func:`at_least`)."""
+    return format_delta(delta) if exact else at_least(delta, space)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from gpumem.core.cells.formatting import STYLE, at_least, cell_label, format_duration
+from gpumem.core.cells.formatting import STYLE, cell_label, format_duration, peak_above
 from gpumem.core.cells.kinds import kinds_brief, kinds_since_earlier
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.files import replace_file
@@ -66,10 +66,9 @@ class HistoryTable:
                 if change is None:
                     row += ["-", "-"]
                 else:
-                    delta = change.peak_above_start_bytes
                     row += [
                         format_delta(change.allocated_delta_bytes),
-                        format_delta(delta) if change.peak_exact else at_least(delta, ""),
+                        peak_above(change.peak_above_start_bytes, change.peak_exact, ""),
                     ]
             row.append(format_delta(record.host.rss_delta_bytes) if record.host is not None else "n/a")
             row.append(_kinds_column(record))
@@ -188,6 +187,20 @@ def record_to_dict(record: CellRecord) -> dict[str, Any]:
     }
 
 
+# The flat rows' columns: the record's own, then host and per-device figures (their names in
+# record_to_dict's dict, prefixed "host_" and "cuda{i}_").
+_RECORD_COLUMNS = (
+    "cell",
+    "serial",
+    "first_line",
+    "started_wall_s",
+    "duration_s",
+    "status",
+    "error",
+    "mode",
+    "keep_peaks",
+)
+_HOST_FIELDS = ("rss_before_bytes", "rss_after_bytes", "rss_delta_bytes", "peak_rss_bytes", "peak_exact")
 _DEVICE_FIELDS = (
     "allocated_before_bytes",
     "allocated_after_bytes",
@@ -207,29 +220,15 @@ def history_columns(records: Sequence[CellRecord]) -> list[str]:
 
 
 def _columns_for(devices: Iterable[int]) -> list[str]:
-    columns = [
-        "cell",
-        "serial",
-        "first_line",
-        "started_wall_s",
-        "duration_s",
-        "status",
-        "error",
-        "mode",
-        "keep_peaks",
-        "host_rss_before_bytes",
-        "host_rss_after_bytes",
-        "host_rss_delta_bytes",
-        "host_peak_rss_bytes",
-        "host_peak_exact",
-    ]
+    columns = [*_RECORD_COLUMNS, *(f"host_{name}" for name in _HOST_FIELDS)]
     for device in devices:
         columns += [f"cuda{device}_{name}" for name in _DEVICE_FIELDS]
     return [*columns, "warnings", "variables"]
 
 
 def history_rows(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
-    """One flat dict per cell (per-device figures as ``cuda{i}_*`` columns; None where not measured).
+    """One flat dict per cell (per-device figures as ``cuda{i}_*`` columns; None where not measured):
+    :func:`record_to_dict`'s figures, flattened.
 
     ``cell`` is the execution count, as ``In[N]`` and ``%gpumem history`` show it (None for code run without
     one); ``serial`` is the cell's 1-based place among this session's measured cells (``#N`` in the table).
@@ -237,32 +236,16 @@ def history_rows(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
     columns = history_columns(records)
     rows: list[dict[str, Any]] = []
     for record in records:
+        item = record_to_dict(record)
         row: dict[str, Any] = dict.fromkeys(columns)
-        host = record.host
-        row.update(
-            cell=record.execution_count,
-            serial=record.serial,
-            first_line=record.first_line,
-            started_wall_s=record.started_wall_s,
-            duration_s=record.duration_s,
-            status=record.status,
-            error=record.error,
-            mode=record.mode,
-            keep_peaks=record.keep_peaks,
-            warnings=" | ".join(warning.message for warning in record.warnings),
-            variables=", ".join(f"{change.name}={change.nbytes}" for change in record.variables),
-        )
+        row.update((name, item[name]) for name in _RECORD_COLUMNS)
+        host = item["host"]
         if host is not None:
-            row.update(
-                host_rss_before_bytes=host.rss_before_bytes,
-                host_rss_after_bytes=host.rss_after_bytes,
-                host_rss_delta_bytes=host.rss_delta_bytes,
-                host_peak_rss_bytes=host.peak_rss_bytes,
-                host_peak_exact=host.peak_exact,
-            )
-        for change in record.devices:
-            for name in _DEVICE_FIELDS:
-                row[f"cuda{change.device}_{name}"] = getattr(change, name)
+            row.update((f"host_{name}", host[name]) for name in _HOST_FIELDS)
+        for device in item["devices"]:
+            row.update((f"cuda{device['device']}_{name}", device[name]) for name in _DEVICE_FIELDS)
+        row["warnings"] = " | ".join(warning["message"] for warning in item["warnings"])
+        row["variables"] = ", ".join(f"{change['name']}={change['nbytes']}" for change in item["variables"])
         rows.append(row)
     return rows
 

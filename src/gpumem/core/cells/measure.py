@@ -13,9 +13,8 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gpumem.core.cells.active import ActiveCell
 from gpumem.core.cells.record import CellOptions, CellRecord
-from gpumem.core.cells.tracker import CellTracker
+from gpumem.core.cells.tracker import ActiveCell, CellTracker
 from gpumem.core.monitor import default_monitor
 
 if TYPE_CHECKING:

@@ -1,12 +1,15 @@
 """What one measured cell did to memory: the immutable records the tracker keeps, and how a cell is named.
 
-Nothing here measures; :mod:`gpumem.core.cells.tracker` fills these in.
+Nothing here measures; :mod:`gpumem.core.cells.tracker` fills these in, with the figures of a measured
+stretch (:class:`~gpumem.core.spans.DeviceChange`, :class:`~gpumem.core.spans.HostChange`).
 """
 
 from __future__ import annotations
 
 import hashlib
 from typing import NamedTuple
+
+from gpumem.core.spans import DeviceChange, HostChange  # a cell's figures are a measured stretch's
 
 __all__ = [
     "STATUSES",
@@ -35,60 +38,6 @@ STATUS_OUT_OF_MEMORY = "out of memory"
 STATUSES = (STATUS_OK, STATUS_ERROR, STATUS_INTERRUPTED, STATUS_OUT_OF_MEMORY)
 
 _ERROR_LIMIT = 200  # characters of an error's description kept in a record
-
-
-class DeviceChange(NamedTuple):
-    """One CUDA device across a cell. Allocated/reserved are PyTorch's; ``used`` is NVML's whole device."""
-
-    device: int
-    allocated_before_bytes: int
-    allocated_after_bytes: int
-    reserved_before_bytes: int
-    reserved_after_bytes: int
-    peak_allocated_bytes: int  # highest allocated during the cell (absolute)
-    peak_exact: bool  # from the allocator's counter; False: highest sampled value, a lower bound
-    peak_note: str  # why the peak is not exact, or ""
-    peak_reserved_bytes: int
-    used_before_bytes: int | None  # None: NVML unavailable
-    used_after_bytes: int | None
-    total_bytes: int | None
-    initialized_in_cell: bool  # CUDA was first used on this device inside the cell
-    process_used_after_bytes: int | None = None  # NVML: this process's share of the device at the end
-
-    @property
-    def allocated_delta_bytes(self) -> int:
-        return self.allocated_after_bytes - self.allocated_before_bytes
-
-    @property
-    def reserved_delta_bytes(self) -> int:
-        return self.reserved_after_bytes - self.reserved_before_bytes
-
-    @property
-    def peak_above_start_bytes(self) -> int:
-        return self.peak_allocated_bytes - self.allocated_before_bytes
-
-    @property
-    def used_delta_bytes(self) -> int | None:
-        if self.used_before_bytes is None or self.used_after_bytes is None:
-            return None
-        return self.used_after_bytes - self.used_before_bytes
-
-
-class HostChange(NamedTuple):
-    """This process's resident memory across a cell."""
-
-    rss_before_bytes: int
-    rss_after_bytes: int
-    peak_rss_bytes: int
-    peak_exact: bool  # the lifetime peak rose during the cell, so it is this cell's; else sampled, a lower bound
-
-    @property
-    def rss_delta_bytes(self) -> int:
-        return self.rss_after_bytes - self.rss_before_bytes
-
-    @property
-    def peak_above_start_bytes(self) -> int:
-        return self.peak_rss_bytes - self.rss_before_bytes
 
 
 class VariableChange(NamedTuple):

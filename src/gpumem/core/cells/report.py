@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from gpumem.core.cells.formatting import STYLE, at_least, cell_label, format_duration
+from gpumem.core.cells.formatting import STYLE, cell_label, format_duration, peak_above
 from gpumem.core.cells.history import (
     HistoryTable,
     history_columns,
@@ -44,17 +44,38 @@ _ARROW = "\u2192"
 _INFO = "\u2139"
 
 
-def _peak_text(change: DeviceChange) -> str:
-    if change.peak_exact:
-        return f"{format_delta(change.peak_above_start_bytes)} ({format_bytes(change.peak_allocated_bytes)}, exact)"
-    above = at_least(change.peak_above_start_bytes)
-    return f"{above} ({format_bytes(change.peak_allocated_bytes)}, sampled lower bound)"
+_KEEP_PEAKS = "(peak counters kept: CUDA peaks are exact only where the counter rose in this cell)"
 
 
-def _host_peak_text(host: HostChange) -> str:
-    if host.peak_exact:
-        return f"{format_delta(host.peak_above_start_bytes)} ({format_bytes(host.peak_rss_bytes)}, exact)"
-    return f"{at_least(host.peak_above_start_bytes)} ({format_bytes(host.peak_rss_bytes)}, sampled lower bound)"
+def _parts(record: CellRecord) -> list[tuple[str, str]]:
+    """What a cell's report says below its headline, in order, decided once for the text and the HTML:
+    (kind, text) with kind "dim", "devices", "host", "variables", "kinds", "warn" or "note"."""
+    parts = [("dim", text) for text in (_KEEP_PEAKS if record.keep_peaks else "", record.cuda_note) if text]
+    if record.devices:
+        parts.append(("devices", ""))
+    parts.append(("host", ""))
+    if record.variables:
+        parts.append(("variables", ""))
+    elif record.devices and record.variables_note:
+        parts.append(("dim", f"variables: {record.variables_note}"))
+    by_kind = kinds_line(record.kinds, record.kinds_since)
+    if by_kind:
+        parts.append(("kinds", by_kind))
+    parts.extend(("warn", warning.message) for warning in record.warnings)
+    parts.extend(("note", note) for note in record.notes)
+    return parts
+
+
+def _peak_of(change: DeviceChange | HostChange) -> tuple[int, int, bool, str]:
+    """A peak above the start, its absolute value, whether it is exact and why not."""
+    if isinstance(change, HostChange):
+        return change.peak_above_start_bytes, change.peak_rss_bytes, change.peak_exact, ""
+    return change.peak_above_start_bytes, change.peak_allocated_bytes, change.peak_exact, change.peak_note
+
+
+def _peak_text(change: DeviceChange | HostChange) -> str:
+    above, absolute, exact, _note = _peak_of(change)
+    return f"{peak_above(above, exact)} ({format_bytes(absolute)}, {'exact' if exact else 'sampled lower bound'})"
 
 
 def _span(before: int, after: int) -> str:
@@ -83,24 +104,21 @@ def _first_line(record: CellRecord) -> str:
     return " ".join(record.first_line.split()) or "(empty cell)"
 
 
+_TEXT_MARKS = {"dim": "", "kinds": "", "warn": f"{_WARN} ", "note": f"{_INFO} "}
+
+
 def _record_text(record: CellRecord, top: int) -> str:
     lines = [_headline(record)]
-    if record.keep_peaks:
-        lines.append("  (peak counters kept: CUDA peaks are exact only where the counter rose in this cell)")
-    if record.cuda_note:
-        lines.append(f"  {record.cuda_note}")
-    for change in record.devices:
-        lines += _device_lines(change)
-    lines += _host_lines(record.host)
-    if record.variables:
-        lines += _variable_lines(record, top)
-    elif record.devices and record.variables_note:
-        lines.append(f"  variables: {record.variables_note}")
-    by_kind = kinds_line(record.kinds, record.kinds_since)
-    if by_kind:
-        lines.append(f"  {by_kind}")
-    lines.extend(f"  {_WARN} {warning.message}" for warning in record.warnings)
-    lines.extend(f"  {_INFO} {note}" for note in record.notes)
+    for kind, text in _parts(record):
+        if kind == "devices":
+            for change in record.devices:
+                lines += _device_lines(change)
+        elif kind == "host":
+            lines += _host_lines(record.host)
+        elif kind == "variables":
+            lines += _variable_lines(record, top)
+        else:
+            lines.append(f"  {_TEXT_MARKS[kind]}{text}")
     return "\n".join(lines)
 
 
@@ -131,7 +149,7 @@ def _host_lines(host: HostChange | None) -> list[str]:
         return ["  host     unavailable (see %gpumem status)"]
     return [
         f"  {'host':<8} RSS          {_span(host.rss_before_bytes, host.rss_after_bytes)}",
-        f"  {'':<8} peak         {_host_peak_text(host)}",
+        f"  {'':<8} peak         {_peak_text(host)}",
     ]
 
 
@@ -175,37 +193,37 @@ def _record_html(record: CellRecord, top: int) -> str:
         f"<div><b>gpumem</b> {e(cell_label(record))} <code>{e(_first_line(record))}</code> "
         f'<span class="dim">{e(format_duration(record.duration_s))} \u00b7 {status}</span></div>'
     )
-    if record.cuda_note:
-        parts.append(f'<div class="dim">{e(record.cuda_note)}</div>')
-    if record.devices:
-        parts.append("<table><thead><tr><th></th><th>allocated</th><th>reserved</th>")
-        parts.append('<th>peak above start</th><th title="NVML: whole device, all processes">device used</th>')
-        parts.append("</tr></thead><tbody>")
-        parts.extend(_device_row_html(change) for change in record.devices)
-        parts.append("</tbody></table>")
-    parts.append(_host_table_html(record.host))
-    if record.variables:
-        parts += _variables_html(record, top)
-    elif record.devices and record.variables_note:
-        parts.append(f'<div class="dim">variables: {e(record.variables_note)}</div>')
-    by_kind = kinds_line(record.kinds, record.kinds_since)
-    if by_kind:
-        parts.append(f'<div class="kinds">{e(by_kind)}</div>')
-    parts.extend(f'<div class="warn">{_WARN} {_code_spans(warning.message)}</div>' for warning in record.warnings)
-    parts.extend(f'<div class="note">{_INFO} {_code_spans(note)}</div>' for note in record.notes)
+    for kind, text in _parts(record):
+        if kind == "devices":
+            parts.append("<table><thead><tr><th></th><th>allocated</th><th>reserved</th>")
+            parts.append('<th>peak above start</th><th title="NVML: whole device, all processes">device used</th>')
+            parts.append("</tr></thead><tbody>")
+            parts.extend(_device_row_html(change) for change in record.devices)
+            parts.append("</tbody></table>")
+        elif kind == "host":
+            parts.append(_host_table_html(record.host))
+        elif kind == "variables":
+            parts += _variables_html(record, top)
+        elif kind in ("warn", "note"):
+            mark = _WARN if kind == "warn" else _INFO
+            parts.append(f'<div class="{kind}">{mark} {_code_spans(text)}</div>')
+        else:
+            parts.append(f'<div class="{kind}">{e(text)}</div>')
     parts.append("</div>")
     return "".join(parts)
 
 
+def _peak_cell_html(change: DeviceChange | HostChange) -> str:
+    e = html.escape
+    above, absolute, exact, note = _peak_of(change)
+    if exact:
+        return f'<td title="{e(format_bytes(absolute))}, exact">{e(peak_above(above, exact))}</td>'
+    bound = f'{e(peak_above(above, exact))} <span class="dim">(sampled)</span>'
+    return f'<td title="{e(note or "sampled lower bound")}">{bound}</td>'
+
+
 def _device_row_html(change: DeviceChange) -> str:
     e = html.escape
-    if change.peak_exact:
-        peak = e(format_delta(change.peak_above_start_bytes))
-        peak_cell = f'<td title="{e(format_bytes(change.peak_allocated_bytes))}, exact">{peak}</td>'
-    else:
-        note = e(change.peak_note or "sampled lower bound")
-        peak = e(at_least(change.peak_above_start_bytes))
-        peak_cell = f'<td title="{note}">{peak} <span class="dim">(sampled)</span></td>'
     if change.used_before_bytes is None or change.used_after_bytes is None:
         used = '<span class="dim">n/a</span>'
     else:
@@ -215,7 +233,7 @@ def _device_row_html(change: DeviceChange) -> str:
         f"<tr><td>cuda:{change.device}{init}</td>"
         f"<td>{_html_span(change.allocated_before_bytes, change.allocated_after_bytes)}</td>"
         f"<td>{_html_span(change.reserved_before_bytes, change.reserved_after_bytes)}</td>"
-        f"{peak_cell}<td>{used}</td></tr>"
+        f"{_peak_cell_html(change)}<td>{used}</td></tr>"
         + "".join(
             f'<tr><td></td><td colspan="4" class="dim">{e(line.strip())}</td></tr>' for line in _split_lines(change)
         )
@@ -228,13 +246,9 @@ def _host_table_html(host: HostChange | None) -> str:
     if host is None:
         missing = '<td colspan="2" class="dim">unavailable (see %gpumem status)</td>'
         return f"{head}<tr><td></td>{missing}</tr></tbody></table>"
-    if host.peak_exact:
-        peak_cell = html.escape(format_delta(host.peak_above_start_bytes))
-    else:
-        peak_cell = f'{html.escape(at_least(host.peak_above_start_bytes))} <span class="dim">(sampled)</span>'
     return (
         f"{head}<tr><td>this process</td><td>{_html_span(host.rss_before_bytes, host.rss_after_bytes)}</td>"
-        f"<td>{peak_cell}</td></tr></tbody></table>"
+        f"{_peak_cell_html(host)}</tr></tbody></table>"
     )
 
 
@@ -273,8 +287,7 @@ def _summary_text(record: CellRecord) -> str:
         c for c in record.devices if c.allocated_delta_bytes or c.reserved_delta_bytes or c.peak_above_start_bytes
     ]
     for change in changed or record.devices[:1]:
-        delta = change.peak_above_start_bytes
-        peak = format_delta(delta) if change.peak_exact else at_least(delta, "")
+        peak = peak_above(change.peak_above_start_bytes, change.peak_exact, "")
         parts.append(
             f"cuda:{change.device} allocated {format_delta(change.allocated_delta_bytes)} (peak {peak}), "
             f"reserved {format_delta(change.reserved_delta_bytes)}"

@@ -1,8 +1,9 @@
 """The cell tracker: says when measuring starts and ends, keeps the records, tells the listeners.
 
-The figures come from :mod:`~gpumem.core.cells.changes` (with :mod:`gpumem.core.peaks` deciding
-whether a peak is exact), the names from :mod:`~gpumem.core.cells.attribution` and the warnings from
-:mod:`~gpumem.core.cells.warnings`; this module only puts them together at the right moments.
+The figures come from the cell's measured stretch (:class:`gpumem.core.spans.Stretch`, with
+:mod:`gpumem.core.peaks` deciding whether a peak is exact), the names from
+:mod:`~gpumem.core.cells.attribution` and the warnings from :mod:`~gpumem.core.cells.warnings`; this module
+only puts them together at the right moments, and says why no CUDA device is reported when none is.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpumem.core.cells.active import ActiveCell
 from gpumem.core.cells.attribution import (
+    Attribution,
     HolderFinder,
     VariableAttribution,
     VariableReport,
@@ -23,7 +24,6 @@ from gpumem.core.cells.attribution import (
     not_inspected_note,
     should_attribute,
 )
-from gpumem.core.cells.changes import cuda_note, device_changes, host_change, selected
 from gpumem.core.cells.conditions import Condition, ToldConditions, device_warnings, standing_conditions
 from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES, staircase_notes
 from gpumem.core.cells.record import (
@@ -45,14 +45,30 @@ from gpumem.core.cells.warnings import (
     variable_warnings,
 )
 from gpumem.core.cuda_fault import cuda_faults, fault_explanation, frozen_note, record_fault, take_untold
+from gpumem.core.devices import describe_devices
 from gpumem.core.fragmentation import ReserveReader
 from gpumem.core.monitor import Monitor
-from gpumem.core.peaks import PEAK_RESETS, RUNNING, reset_raised_peaks
+from gpumem.core.peaks import PEAK_RESETS, RUNNING
 from gpumem.core.sampler import MAX_RATE_HZ
 from gpumem.core.sources import Snapshot
+from gpumem.core.spans import Stretch
 from gpumem.core.units import MIB
 
-__all__ = ["CellTracker"]
+__all__ = ["ActiveCell", "CellTracker", "cuda_note"]
+
+
+class ActiveCell(Stretch):
+    """A cell between :meth:`CellTracker.begin` and :meth:`CellTracker.end`: a measured stretch with the cell's
+    source, options and attribution baseline (mutable, private to the tracker)."""
+
+    def __init__(self, source: str, options: CellOptions, execution_count: int | None) -> None:
+        super().__init__()
+        self.source = source
+        self.options = options
+        self.execution_count = execution_count
+        self.started_wall_s = time.time()
+        self.started_perf_s = 0.0
+        self.baseline: Attribution | None = None
 
 
 class CellTracker:
@@ -221,21 +237,14 @@ class CellTracker:
         options = cell.options
         if options.attribute and options.mode == "magic" and namespace is not None:
             cell.baseline = self._attribution.at_start(namespace, options.devices)
-        memory = self.monitor.source
         start = self.monitor.snapshot()
         self._ensure_sampling()
         if options.mode != "auto" and self.start_sampler and not self._closed:
             # A cell measured on purpose is sampled as finely as the panel's finest view: a staircase in a
             # cell of a few seconds needs more than the idle rate's samples.
             self.monitor.acquire(_claim_of(cell), MAX_RATE_HZ)
-        reset: list[int] = []
-        if not options.keep_peaks:
-            reset = reset_raised_peaks(memory, [r for r in start.allocator if selected(r.device, options.devices)])
-        cell.start = start
-        cell.reset_devices = frozenset(reset)
-        self._resets.install()
-        cell.resets_at_start = self._resets.snapshot()
         # No sample of the start (or the end) itself: the figures take the maximum with both readings anyway.
+        cell.open(self.monitor.source, start, keep_peaks=options.keep_peaks, devices=options.devices)
         if cell.execution_count is not None:
             self.monitor.mark(f"[{cell.execution_count}]", start.monotonic_s)
         with self._lock:
@@ -264,8 +273,8 @@ class CellTracker:
         status, error_text = classify_error(error)
         count = execution_count if execution_count is not None else cell.execution_count
         fault = record_fault(error, count, end.allocator) if error is not None else None
-        devices = device_changes(cell, start, end, options.devices, self._resets)
-        host = host_change(cell, start, end)
+        devices = cell.device_changes(end, options.devices)
+        host = cell.host_change(end)
         key, first_line = self._source_names(cell.source)
         warnings = self._figure_warnings(key, devices, start, end, host, status)
         # Said once, here (or under the first cell measured after a fault seen elsewhere); later cells say
@@ -445,3 +454,31 @@ def _delivered(listener: Callable[[CellRecord], None], record: CellRecord) -> bo
     except Exception:
         return False
     return True
+
+
+def cuda_note(
+    requested: tuple[int, ...] | None,
+    devices: Sequence[DeviceChange],
+    end: Snapshot,
+    status: Callable[[], Mapping[str, str]],
+) -> str | None:
+    """Why a requested device, or any device, is missing from the report (None: nothing is missing).
+    ``status`` is the monitor's, read only when no device is reported."""
+    if requested is not None:
+        shown = {change.device for change in devices}
+        missing = ", ".join(f"cuda:{d}" for d in requested if d not in shown)
+        if not missing:
+            return None
+        visible = sorted(reading.device for reading in end.allocator)
+        if visible:  # CUDA is initialized, so the allocator lists every device this process can use
+            return f"{missing}: no such device; this process sees {describe_devices(visible)}"
+        return f"{missing}: not initialized in this process (no PyTorch tensor has been put there)"
+    if devices:
+        return None
+    try:
+        torch_status = status().get("torch", "unavailable")
+    except Exception as error:
+        torch_status = f"unavailable: {type(error).__name__}: {error}"
+    if torch_status == "ok":
+        return "CUDA is initialized but no device has allocated memory"
+    return "CUDA is not in use: " + torch_status.removeprefix("unavailable: ")
