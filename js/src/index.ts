@@ -25,10 +25,10 @@ const RENDERER_RANK = -50;
  */
 const LIVE_PANEL_WAIT_MS = 15000;
 
-namespace CommandIDs {
-  export const showSidebar = 'gpumem:show-sidebar';
-  export const closeSidebar = 'gpumem:close-sidebar';
-}
+const CommandIDs = {
+  showSidebar: 'gpumem:show-sidebar',
+  closeSidebar: 'gpumem:close-sidebar'
+} as const;
 
 function activate(
   app: JupyterFrontEnd,
