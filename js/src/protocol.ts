@@ -125,3 +125,39 @@ export function sidebarOutputModelId(
   const data = (content as { data?: Record<string, unknown> }).data;
   return readSidebarData(data?.[SIDEBAR_MIME]);
 }
+
+/** How many sidebar outputs a kernel connection remembers as fresh. */
+const MAX_FRESH_OUTPUTS = 32;
+
+/**
+ * The model ids of the SIDEBAR_MIME outputs that arrived from a kernel and
+ * were not rendered yet (as opposed to outputs restored from a saved
+ * notebook): the newest MAX_FRESH_OUTPUTS, each taken once.
+ */
+export class FreshOutputs {
+  add(modelId: string): void {
+    this._ids.delete(modelId); // a repeated id counts from its latest arrival
+    this._ids.add(modelId);
+    for (const oldest of this._ids) {
+      if (this._ids.size <= MAX_FRESH_OUTPUTS) {
+        break;
+      }
+      this._ids.delete(oldest);
+    }
+  }
+
+  has(modelId: string): boolean {
+    return this._ids.has(modelId);
+  }
+
+  /** Whether `modelId` was fresh; it no longer is. */
+  take(modelId: string): boolean {
+    return this._ids.delete(modelId);
+  }
+
+  clear(): void {
+    this._ids.clear();
+  }
+
+  private _ids = new Set<string>();
+}

@@ -6,6 +6,7 @@ import { Widget } from '@lumino/widgets';
 import { kernelGone, statusText, statusTooltip } from './format';
 import { IHost, KernelChange } from './hosts';
 import {
+  FreshOutputs,
   FrontendRequest,
   ISidebarAnswer,
   IStatusPayload,
@@ -15,8 +16,6 @@ import {
   STATUS_TARGET
 } from './protocol';
 
-/** How many received sidebar outputs to remember per kernel. */
-const MAX_SEEN_OUTPUTS = 32;
 
 /**
  * The status comm of one notebook or console.
@@ -82,7 +81,7 @@ export class StatusConnection {
    * once per output.
    */
   takeFreshOutput(modelId: string): boolean {
-    return this._freshOutputs.delete(modelId);
+    return this._freshOutputs.take(modelId);
   }
 
   /** Whether an output with `modelId` arrived and was not taken yet. */
@@ -200,12 +199,6 @@ export class StatusConnection {
     const modelId = sidebarOutputModelId(msg.header.msg_type, msg.content);
     if (modelId !== null) {
       this._freshOutputs.add(modelId);
-      if (this._freshOutputs.size > MAX_SEEN_OUTPUTS) {
-        const oldest = this._freshOutputs.values().next().value;
-        if (oldest !== undefined) {
-          this._freshOutputs.delete(oldest);
-        }
-      }
     }
   }
 
@@ -368,7 +361,7 @@ export class StatusConnection {
   private _comm: Kernel.IComm | null = null;
   private _owned = false;
   private _payload: IStatusPayload | null = null;
-  private _freshOutputs = new Set<string>();
+  private _freshOutputs = new FreshOutputs();
   private _keepalive = 0;
   private _probing: Kernel.IKernelConnection | null = null;
   private _mentioned = false;

@@ -3,6 +3,7 @@ import { describe, it } from 'node:test';
 
 import { statusText } from '../src/format';
 import {
+  FreshOutputs,
   isStatusPayload,
   ISidebarAnswer,
   readSidebarData,
@@ -110,5 +111,32 @@ describe('a sidebar output', () => {
     assert.equal(readSidebarData({}), null);
     assert.equal(readSidebarData('abc'), null);
     assert.equal(readSidebarData(null), null);
+  });
+});
+
+describe('FreshOutputs', () => {
+  it('answers each fresh output once', () => {
+    const fresh = new FreshOutputs();
+    fresh.add('a');
+    assert.ok(fresh.has('a'));
+    assert.ok(fresh.take('a'));
+    assert.ok(!fresh.has('a'));
+    assert.ok(!fresh.take('a'));
+    assert.ok(!fresh.take('never seen'));
+  });
+
+  it('keeps the newest 32 and forgets all at a kernel change', () => {
+    const fresh = new FreshOutputs();
+    for (let i = 0; i < 40; i++) {
+      fresh.add(`m${i}`);
+      fresh.add('kept'); // seen again and again: the newest each time
+    }
+    const kept = Array.from({ length: 40 }, (_, i) => `m${i}`).filter(id =>
+      fresh.has(id)
+    );
+    assert.deepEqual(kept, Array.from({ length: 31 }, (_, i) => `m${i + 9}`));
+    assert.ok(fresh.has('kept'));
+    fresh.clear();
+    assert.ok(!fresh.has('kept') && !fresh.has('m39'));
   });
 });
