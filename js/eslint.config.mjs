@@ -34,7 +34,10 @@ export default defineConfig(
       ],
       // Lumino's signal.connect(this._onX, this) binds the method through its thisArg.
       '@typescript-eslint/unbound-method': 'off',
-      '@typescript-eslint/no-unused-vars': ['error', { args: 'none', caughtErrors: 'none' }]
+      '@typescript-eslint/no-unused-vars': [
+        'error',
+        { args: 'none', caughtErrors: 'none' }
+      ]
     }
   }
 );

@@ -56,8 +56,10 @@ function makeHost(widget: Widget): IHost | null {
     );
   }
   if (widget instanceof ConsolePanel) {
-    return host(widget, widget.console.rendermime, () =>
-      widget.title.label || baseName(widget.sessionContext.path)
+    return host(
+      widget,
+      widget.console.rendermime,
+      () => widget.title.label || baseName(widget.sessionContext.path)
     );
   }
   return null;
@@ -68,7 +70,12 @@ function host(
   rendermime: IRenderMimeRegistry,
   name: () => string
 ): IHost {
-  return { widget: panel, sessionContext: panel.sessionContext, rendermime, name };
+  return {
+    widget: panel,
+    sessionContext: panel.sessionContext,
+    rendermime,
+    name
+  };
 }
 
 /** The notebook and console trackers, either of which may be absent. */

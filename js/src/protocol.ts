@@ -50,9 +50,7 @@ export interface IStatusPayload {
 
 /** Kernel -> front end messages on the status comm. */
 export type KernelMessageData =
-  | IStatusPayload
-  | { sidebar_model_id: string }
-  | { sidebar_error: string };
+  IStatusPayload | { sidebar_model_id: string } | { sidebar_error: string };
 
 /**
  * Front end -> kernel requests on the status comm. `keepalive` is sent every

@@ -54,7 +54,10 @@ const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16"
   </g>
 </svg>`;
 
-export const gpumemIcon = new LabIcon({ name: 'gpumem:chip', svgstr: ICON_SVG });
+export const gpumemIcon = new LabIcon({
+  name: 'gpumem:chip',
+  svgstr: ICON_SVG
+});
 
 const IDLE_MESSAGE =
   'Run %gpumem sidebar in a notebook to show its live GPU memory panel here.';

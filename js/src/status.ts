@@ -16,7 +16,6 @@ import {
   STATUS_TARGET
 } from './protocol';
 
-
 /**
  * The status comm of one notebook or console.
  *
@@ -164,7 +163,9 @@ export class StatusConnection {
     this._freshOutputs.clear();
     this._absent = false;
     this._kernel = kernel;
-    console.debug(`gpumem: ${this.host.name()} kernel connection ${kernel?.id ?? 'none'}`);
+    console.debug(
+      `gpumem: ${this.host.name()} kernel connection ${kernel?.id ?? 'none'}`
+    );
     if (kernel) {
       kernel.registerCommTarget(STATUS_TARGET, this._onKernelComm);
       kernel.anyMessage.connect(this._onAnyMessage, this);

@@ -22,7 +22,11 @@ interface IBytesCase {
 }
 
 /** JSON has no NaN or infinities: the fixture spells them as Python's float() reads them. */
-const SPECIAL: Record<string, number> = { nan: NaN, inf: Infinity, '-inf': -Infinity };
+const SPECIAL: Record<string, number> = {
+  nan: NaN,
+  inf: Infinity,
+  '-inf': -Infinity
+};
 
 describe('formatBytes', () => {
   const { cases } = readFixture<{ cases: IBytesCase[] }>('format_bytes.json');
@@ -127,13 +131,21 @@ describe('statusText', () => {
 
   it('counts allocated memory when the reserved figure is missing', () => {
     const d = device({ reserved_bytes: undefined, allocated_bytes: 512 * MIB });
-    assert.equal(statusText(payload({ devices: [d] })), 'GPU 512.0 MiB / 140.0 GiB');
+    assert.equal(
+      statusText(payload({ devices: [d] })),
+      'GPU 512.0 MiB / 140.0 GiB'
+    );
   });
 });
 
 describe('statusTooltip', () => {
   it('lists every device, then the host', () => {
-    const idle = device({ index: 1, name: undefined, allocated_bytes: 0, reserved_bytes: 0 });
+    const idle = device({
+      index: 1,
+      name: undefined,
+      allocated_bytes: 0,
+      reserved_bytes: 0
+    });
     assert.equal(
       statusTooltip(payload({ devices: [device(), idle] }), 'train.ipynb'),
       [
@@ -174,7 +186,14 @@ describe('a kernel that went away', () => {
     assert.equal(kernelGone('autorestarting'), 'restarted');
     assert.equal(kernelGone('dead'), 'died');
     assert.equal(kernelGone('terminating'), 'was shut down');
-    for (const status of ['idle', 'busy', 'starting', 'unknown', 'connecting', 'toString']) {
+    for (const status of [
+      'idle',
+      'busy',
+      'starting',
+      'unknown',
+      'connecting',
+      'toString'
+    ]) {
       assert.equal(kernelGone(status), null, status);
     }
   });

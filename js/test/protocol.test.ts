@@ -83,11 +83,18 @@ describe('readStatusComm', () => {
 
 describe('a sidebar output', () => {
   const content = (modelId: unknown) => ({
-    data: { [SIDEBAR_MIME]: { model_id: modelId }, 'text/plain': 'GPU memory panel' }
+    data: {
+      [SIDEBAR_MIME]: { model_id: modelId },
+      'text/plain': 'GPU memory panel'
+    }
   });
 
   it('names its panel in each kind of output message', () => {
-    for (const type of ['display_data', 'execute_result', 'update_display_data']) {
+    for (const type of [
+      'display_data',
+      'execute_result',
+      'update_display_data'
+    ]) {
       assert.equal(sidebarOutputModelId(type, content('m1')), 'm1', type);
     }
   });
@@ -134,7 +141,10 @@ describe('FreshOutputs', () => {
     const kept = Array.from({ length: 40 }, (_, i) => `m${i}`).filter(id =>
       fresh.has(id)
     );
-    assert.deepEqual(kept, Array.from({ length: 31 }, (_, i) => `m${i + 9}`));
+    assert.deepEqual(
+      kept,
+      Array.from({ length: 31 }, (_, i) => `m${i + 9}`)
+    );
     assert.ok(fresh.has('kept'));
     fresh.clear();
     assert.ok(!fresh.has('kept') && !fresh.has('m39'));
