@@ -48,10 +48,6 @@ export interface IStatusPayload {
   docked_model_id?: string | null;
 }
 
-/** Kernel -> front end messages on the status comm. */
-export type KernelMessageData =
-  IStatusPayload | { sidebar_model_id: string } | { sidebar_error: string };
-
 /**
  * Front end -> kernel requests on the status comm. `keepalive` is sent every
  * KEEPALIVE_MS so the kernel can drop comms of pages that went away; `bye`
@@ -84,7 +80,10 @@ export type StatusCommMessage =
   | { kind: 'status'; payload: IStatusPayload }
   | { kind: 'sidebar'; answer: ISidebarAnswer };
 
-/** Reads the data of a kernel -> front end message on the status comm. */
+/**
+ * Reads the data of a kernel -> front end message on the status comm: a
+ * status payload, `{"sidebar_model_id": ...}` or `{"sidebar_error": ...}`.
+ */
 export function readStatusComm(data: unknown): StatusCommMessage | null {
   if (isStatusPayload(data)) {
     return { kind: 'status', payload: data };
