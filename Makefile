@@ -1,7 +1,8 @@
 # gpumem developer entry points. Both targets do all the set-up they need on a fresh machine
 # (Python 3.10+, node 20 for the front end) and are quick when run again.
 #
-#   make test   lint, type-check and run the whole test suite (CUDA tests skip without a GPU)
+#   make test   lint, type-check and run the whole test suite (CUDA tests skip without a GPU), and the
+#               front end's unit tests (js/test/, make jstest)
 #   make demo   start JupyterLab on 127.0.0.1 with a copy of notebooks/demo.ipynb (in .gpumem-demo/, ignored)
 #               GPUMEM_DEMO_CHECK=1: start it, check the notebook opens (.ci/demo_check.py), stop; CI runs this
 #   make soak   the long reliability tests (1,000 cells under free(), a simulated 24 h session); minutes
@@ -32,9 +33,9 @@ DEMO_INSTALLED := $(VENV)/.gpumem-demo-installed
 # This machine's pip configuration names partial local indexes; pip warns for each missing project.
 PIP_NOISE := is ignored: it is neither a file nor a directory
 
-.PHONY: test demo demo-install demo-check-tools soak screenshots install chromium lint typecheck pytest clean
+.PHONY: test demo demo-install demo-check-tools soak screenshots install chromium lint typecheck jstest pytest clean
 
-test: install chromium lint typecheck pytest
+test: install chromium lint typecheck jstest pytest
 
 demo: demo-install $(if $(filter-out 0,$(GPUMEM_DEMO_CHECK)),demo-check-tools)
 	@mkdir -p $(DEMO_DIR)
@@ -94,8 +95,25 @@ chromium:
 	fi
 	@command -v chromium >/dev/null
 
-lint: install
+# The front end's tools (ESLint, tsc for node's test runner) come from js/package-lock.json. The install's
+# front-end build has usually installed them already (make test runs install first); a checkout without
+# js/node_modules, or whose js/node_modules predates the lockfile, gets them here. jstest alone needs no
+# Python install, so that it stays quick while the TypeScript changes.
+JS_TOOLS := js/node_modules/.package-lock.json
+
+$(JS_TOOLS): js/package.json js/package-lock.json
+	@echo "==> installing the front end's tools from js/package-lock.json (npm ci)"
+	cd js && npm ci --no-audit --no-fund
+	@touch $@
+
+lint: install $(JS_TOOLS)
 	$(VENV)/bin/ruff check .
+	cd js && npm run --silent lint
+
+# The front end's unit tests: its pure modules (byte formatting, the status comm's protocol, the texts it
+# shows), with the cases tests/fixtures/ shares with the Python tests.
+jstest: $(JS_TOOLS)
+	cd js && npm test --silent
 
 typecheck: install
 	$(VENV)/bin/mypy

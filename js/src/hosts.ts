@@ -1,8 +1,12 @@
 import { ISessionContext } from '@jupyterlab/apputils';
 import { ConsolePanel, IConsoleTracker } from '@jupyterlab/console';
+import { IChangedArgs } from '@jupyterlab/coreutils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
+import { Kernel } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
+
+import { baseName } from './format';
 
 /**
  * A document that runs code in a kernel and renders its outputs: a notebook
@@ -17,10 +21,12 @@ export interface IHost {
   name(): string;
 }
 
-function basename(path: string): string {
-  const parts = path.split('/');
-  return parts[parts.length - 1] || path;
-}
+/** What a host's `sessionContext.kernelChanged` says. */
+export type KernelChange = IChangedArgs<
+  Kernel.IKernelConnection | null,
+  Kernel.IKernelConnection | null,
+  'kernel'
+>;
 
 /**
  * One host object per notebook or console: the sidebar compares hosts by
@@ -45,24 +51,31 @@ export function hostFor(widget: Widget | null | undefined): IHost | null {
 
 function makeHost(widget: Widget): IHost | null {
   if (widget instanceof NotebookPanel) {
-    const panel = widget;
-    return {
-      widget: panel,
-      sessionContext: panel.sessionContext,
-      rendermime: panel.content.rendermime,
-      name: () => basename(panel.context.path)
-    };
+    return host(widget, widget.content.rendermime, () =>
+      baseName(widget.context.path)
+    );
   }
   if (widget instanceof ConsolePanel) {
-    const panel = widget;
-    return {
-      widget: panel,
-      sessionContext: panel.sessionContext,
-      rendermime: panel.console.rendermime,
-      name: () => panel.title.label || basename(panel.sessionContext.path)
-    };
+    return host(
+      widget,
+      widget.console.rendermime,
+      () => widget.title.label || baseName(widget.sessionContext.path)
+    );
   }
   return null;
+}
+
+function host(
+  panel: NotebookPanel | ConsolePanel,
+  rendermime: IRenderMimeRegistry,
+  name: () => string
+): IHost {
+  return {
+    widget: panel,
+    sessionContext: panel.sessionContext,
+    rendermime,
+    name
+  };
 }
 
 /** The notebook and console trackers, either of which may be absent. */
@@ -75,18 +88,14 @@ export class Hosts {
   /** Every open host. */
   all(): IHost[] {
     const out: IHost[] = [];
-    this.notebooks?.forEach(p => {
-      const h = hostFor(p);
+    const add = (panel: Widget) => {
+      const h = hostFor(panel);
       if (h) {
         out.push(h);
       }
-    });
-    this.consoles?.forEach(p => {
-      const h = hostFor(p);
-      if (h) {
-        out.push(h);
-      }
-    });
+    };
+    this.notebooks?.forEach(add);
+    this.consoles?.forEach(add);
     return out;
   }
 

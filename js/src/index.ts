@@ -25,10 +25,10 @@ const RENDERER_RANK = -50;
  */
 const LIVE_PANEL_WAIT_MS = 15000;
 
-namespace CommandIDs {
-  export const showSidebar = 'gpumem:show-sidebar';
-  export const closeSidebar = 'gpumem:close-sidebar';
-}
+const CommandIDs = {
+  showSidebar: 'gpumem:show-sidebar',
+  closeSidebar: 'gpumem:close-sidebar'
+} as const;
 
 function activate(
   app: JupyterFrontEnd,
@@ -87,7 +87,11 @@ function activate(
       refresh();
       if (!connection.isConnected) {
         restoreAsked = false;
-      } else if (!restoreAsked && wasDocked(host) && !sidebar.hasLivePanel(host)) {
+      } else if (
+        !restoreAsked &&
+        wasDocked(host) &&
+        !sidebar.hasLivePanel(host)
+      ) {
         restoreAsked = connection.requestSidebar();
       }
     });
@@ -156,7 +160,10 @@ function activate(
     execute: () => sidebar.close()
   });
   palette?.addItem({ command: CommandIDs.showSidebar, category: 'GPU memory' });
-  palette?.addItem({ command: CommandIDs.closeSidebar, category: 'GPU memory' });
+  palette?.addItem({
+    command: CommandIDs.closeSidebar,
+    category: 'GPU memory'
+  });
 
   let item: StatusItem | null = null;
   const refresh = () => {
@@ -182,7 +189,7 @@ function activate(
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpumem:plugin',
   description:
-    'Docks the gpumem GPU memory panel in the right sidebar and shows the active kernel\'s GPU memory in the status bar.',
+    "Docks the gpumem GPU memory panel in the right sidebar and shows the active kernel's GPU memory in the status bar.",
   autoStart: true,
   requires: [IRenderMimeRegistry],
   optional: [INotebookTracker, IConsoleTracker, IStatusBar, ICommandPalette],

@@ -4,7 +4,7 @@ import { PromiseDelegate } from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import { Hosts, IHost } from './hosts';
-import { ISidebarData, SIDEBAR_MIME } from './protocol';
+import { readSidebarData, SIDEBAR_MIME } from './protocol';
 import { SidebarController } from './sidebar';
 
 /** How long to wait for the output to be attached before guessing its host. */
@@ -49,11 +49,12 @@ export class SidebarNoteRenderer
     this.addClass('gpumem-SidebarNote');
   }
 
+  // async: the interface asks for a promise, and a throw here becomes its rejection.
+  // eslint-disable-next-line @typescript-eslint/require-await
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
-    const data = model.data[this._mimeType] as unknown as ISidebarData;
-    const modelId = data?.model_id;
+    const modelId = readSidebarData(model.data[this._mimeType]);
     this.node.textContent = '';
-    if (typeof modelId !== 'string' || !modelId) {
+    if (modelId === null) {
       this.node.textContent = 'gpumem: malformed sidebar output (no model id).';
       return;
     }

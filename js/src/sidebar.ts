@@ -3,12 +3,12 @@ import { ISessionContext } from '@jupyterlab/apputils';
 import { MimeModel } from '@jupyterlab/rendermime';
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Kernel } from '@jupyterlab/services';
-import { IChangedArgs } from '@jupyterlab/coreutils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Panel, Widget } from '@lumino/widgets';
 
-import { IHost } from './hosts';
+import { kernelGone, reconnectMessage } from './format';
+import { IHost, KernelChange } from './hosts';
 import { WIDGET_VIEW_MIME } from './protocol';
 
 export const SIDEBAR_ID = 'gpumem-sidebar';
@@ -54,7 +54,10 @@ const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16"
   </g>
 </svg>`;
 
-export const gpumemIcon = new LabIcon({ name: 'gpumem:chip', svgstr: ICON_SVG });
+export const gpumemIcon = new LabIcon({
+  name: 'gpumem:chip',
+  svgstr: ICON_SVG
+});
 
 const IDLE_MESSAGE =
   'Run %gpumem sidebar in a notebook to show its live GPU memory panel here.';
@@ -310,40 +313,19 @@ export class SidebarController {
   }
 
   private _onStatus(_: ISessionContext, status: Kernel.Status): void {
-    const name = this._name ?? 'the notebook';
-    if (status === 'restarting' || status === 'autorestarting') {
-      this._stale(
-        `The kernel of ${name} restarted; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
-      );
-    } else if (status === 'dead') {
-      this._stale(
-        `The kernel of ${name} died; run %load_ext gpumem, then %gpumem sidebar in a new kernel to reconnect.`
-      );
-    } else if (status === 'terminating') {
-      this._stale(
-        `The kernel of ${name} was shut down; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
-      );
+    const what = kernelGone(status);
+    if (what !== null) {
+      this._stale(reconnectMessage(this._name ?? 'the notebook', what));
     }
   }
 
-  private _onKernelChanged(
-    _: ISessionContext,
-    args: IChangedArgs<
-      Kernel.IKernelConnection | null,
-      Kernel.IKernelConnection | null,
-      'kernel'
-    >
-  ): void {
+  private _onKernelChanged(_: ISessionContext, args: KernelChange): void {
     if (args.newValue === this._kernel) {
       return;
     }
-    const name = this._name ?? 'the notebook';
     this._kernel = args.newValue;
-    this._stale(
-      args.newValue
-        ? `The kernel of ${name} changed; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
-        : `The kernel of ${name} was shut down; run %load_ext gpumem, then %gpumem sidebar to reconnect.`
-    );
+    const what = args.newValue ? 'changed' : 'was shut down';
+    this._stale(reconnectMessage(this._name ?? 'the notebook', what));
   }
 
   private _onHostDisposed(): void {

@@ -1,28 +1,20 @@
 import { ISessionContext } from '@jupyterlab/apputils';
-import { IChangedArgs } from '@jupyterlab/coreutils';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { statusText, statusTooltip } from './format';
-import { IHost } from './hosts';
+import { kernelGone, statusText, statusTooltip } from './format';
+import { IHost, KernelChange } from './hosts';
 import {
+  FreshOutputs,
   FrontendRequest,
+  ISidebarAnswer,
   IStatusPayload,
   KEEPALIVE_MS,
-  isStatusPayload,
-  SIDEBAR_MIME,
+  readStatusComm,
+  sidebarOutputModelId,
   STATUS_TARGET
 } from './protocol';
-
-/** How many received sidebar outputs to remember per kernel. */
-const MAX_SEEN_OUTPUTS = 32;
-
-/** What the kernel said in answer to a sidebar request. */
-export interface ISidebarAnswer {
-  modelId?: string;
-  error?: string;
-}
 
 /**
  * The status comm of one notebook or console.
@@ -88,7 +80,7 @@ export class StatusConnection {
    * once per output.
    */
   takeFreshOutput(modelId: string): boolean {
-    return this._freshOutputs.delete(modelId);
+    return this._freshOutputs.take(modelId);
   }
 
   /** Whether an output with `modelId` arrived and was not taken yet. */
@@ -150,7 +142,7 @@ export class StatusConnection {
       return false;
     }
     try {
-      comm.send(data as any);
+      comm.send(data);
       return true;
     } catch (reason) {
       console.warn('gpumem: status comm send failed', reason);
@@ -171,7 +163,9 @@ export class StatusConnection {
     this._freshOutputs.clear();
     this._absent = false;
     this._kernel = kernel;
-    console.debug(`gpumem: ${this.host.name()} kernel connection ${kernel?.id ?? 'none'}`);
+    console.debug(
+      `gpumem: ${this.host.name()} kernel connection ${kernel?.id ?? 'none'}`
+    );
     if (kernel) {
       kernel.registerCommTarget(STATUS_TARGET, this._onKernelComm);
       kernel.anyMessage.connect(this._onAnyMessage, this);
@@ -180,24 +174,12 @@ export class StatusConnection {
     }
   }
 
-  private _onKernelChanged(
-    _: ISessionContext,
-    args: IChangedArgs<
-      Kernel.IKernelConnection | null,
-      Kernel.IKernelConnection | null,
-      'kernel'
-    >
-  ): void {
+  private _onKernelChanged(_: ISessionContext, args: KernelChange): void {
     this._setKernel(args.newValue);
   }
 
   private _onStatusChanged(_: ISessionContext, status: Kernel.Status): void {
-    if (
-      status === 'restarting' ||
-      status === 'autorestarting' ||
-      status === 'dead' ||
-      status === 'terminating'
-    ) {
+    if (kernelGone(status) !== null) {
       // A restarted kernel starts without gpumem: forget the dead comm.
       this._closeComm(false);
     }
@@ -215,24 +197,9 @@ export class StatusConnection {
     if (args.direction !== 'recv' || msg.channel !== 'iopub') {
       return;
     }
-    const type = msg.header.msg_type;
-    if (
-      type !== 'display_data' &&
-      type !== 'execute_result' &&
-      type !== 'update_display_data'
-    ) {
-      return;
-    }
-    const data = (msg.content as { data?: Record<string, unknown> }).data;
-    const payload = data?.[SIDEBAR_MIME] as { model_id?: unknown } | undefined;
-    if (payload && typeof payload.model_id === 'string') {
-      this._freshOutputs.add(payload.model_id);
-      if (this._freshOutputs.size > MAX_SEEN_OUTPUTS) {
-        const oldest = this._freshOutputs.values().next().value;
-        if (oldest !== undefined) {
-          this._freshOutputs.delete(oldest);
-        }
-      }
+    const modelId = sidebarOutputModelId(msg.header.msg_type, msg.content);
+    if (modelId !== null) {
+      this._freshOutputs.add(modelId);
     }
   }
 
@@ -247,7 +214,8 @@ export class StatusConnection {
       }
     } else if (msg.header.msg_type === 'status') {
       const state = (msg as KernelMessage.IStatusMsg).content.execution_state;
-      const parentType = (msg.parent_header as any)?.msg_type;
+      const parent = msg.parent_header;
+      const parentType = 'msg_type' in parent ? parent.msg_type : undefined;
       if (state === 'idle' && parentType === 'execute_request') {
         const direct = this._mentioned;
         this._mentioned = false;
@@ -336,19 +304,15 @@ export class StatusConnection {
   }
 
   private _onData(data: unknown): void {
-    if (isStatusPayload(data)) {
-      this._payload = data;
+    const message = readStatusComm(data);
+    if (message?.kind === 'status') {
+      this._payload = message.payload;
       this._changed.emit();
       return;
     }
-    if (typeof data === 'object' && data !== null) {
-      const d = data as { sidebar_model_id?: unknown; sidebar_error?: unknown };
-      console.debug('gpumem: status comm message', JSON.stringify(d));
-      if (typeof d.sidebar_model_id === 'string') {
-        this._sidebarAnswered.emit({ modelId: d.sidebar_model_id });
-      } else if (typeof d.sidebar_error === 'string') {
-        this._sidebarAnswered.emit({ error: d.sidebar_error });
-      }
+    console.debug('gpumem: status comm message', JSON.stringify(data));
+    if (message?.kind === 'sidebar') {
+      this._sidebarAnswered.emit(message.answer);
     }
   }
 
@@ -382,7 +346,7 @@ export class StatusConnection {
           comm.close();
         } else {
           const bye: FrontendRequest = { request: 'bye' };
-          comm.send(bye as any);
+          comm.send(bye);
         }
       } catch {
         // the kernel is gone
@@ -398,7 +362,7 @@ export class StatusConnection {
   private _comm: Kernel.IComm | null = null;
   private _owned = false;
   private _payload: IStatusPayload | null = null;
-  private _freshOutputs = new Set<string>();
+  private _freshOutputs = new FreshOutputs();
   private _keepalive = 0;
   private _probing: Kernel.IKernelConnection | null = null;
   private _mentioned = false;

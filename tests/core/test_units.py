@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from gpumem.core.holders import find_holders, render_text
@@ -15,6 +19,31 @@ from gpumem.core.units import GIB, MIB, format_bytes, format_delta, format_durat
 )  # fmt: skip
 def test_durations_keep_what_matters(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+# The cases the front end's formatBytes (js/src/format.ts) is tested on too (js/test/format.test.ts).
+FORMAT_BYTES_CASES = Path(__file__).resolve().parents[1] / "fixtures" / "format_bytes.json"
+
+
+def _shared_cases() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = json.loads(FORMAT_BYTES_CASES.read_text(encoding="utf-8"))["cases"]
+    return cases
+
+
+@pytest.mark.parametrize("case", _shared_cases(), ids=lambda case: f"{case['bytes']}-{case.get('precision', 1)}")
+def test_bytes_read_as_the_front_end_writes_them(case: dict[str, Any]) -> None:
+    value = float(case["bytes"]) if isinstance(case["bytes"], str) else case["bytes"]
+    assert format_bytes(value, case.get("precision", 1)) == case["text"]
+
+
+def test_the_shared_cases_hold_the_ties_and_the_edges() -> None:
+    texts = {(str(case["bytes"]), case.get("precision", 1)): case["text"] for case in _shared_cases()}
+    assert texts[str(1280), 1] == "1.2 KiB"  # a tie: to even, where JavaScript's toFixed goes up
+    assert texts[str(1792), 1] == "1.8 KiB"
+    assert texts[str(2560), 0] == "2 KiB"
+    assert texts[str(1023), 1] == "1023 B"
+    assert texts["nan", 1] == "n/a"
+    assert len(texts) == len(_shared_cases()), "a case appears twice"
 
 
 def test_bytes_and_sizes_round_trip() -> None:

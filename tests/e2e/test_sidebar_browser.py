@@ -689,7 +689,8 @@ def test_lab_sidebar_lifecycle(
     save_screenshot(page, f"{request.node.name}.docked")
 
     # Status bar: this kernel's figures (no GPU in CI: host RSS).
-    status = wait_status_text(page, re.compile(r"^(RAM [\d.]+ [MG]iB \(no GPU in use\)|GPU [\d.]+ / [\d.]+ GiB)"))
+    figures = r"^(RAM [\d.]+ [MG]iB \(no GPU in use\)|GPU [\d.]+ (\wiB|B) / [\d.]+ \wiB)"
+    status = wait_status_text(page, re.compile(figures))
     assert status
 
     _close_and_reopen_from_palette_and_status_item(page, "train")
