@@ -17,9 +17,10 @@ from typing import Any, NamedTuple, TypeVar
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
 from gpumem.core.cuda_fault import fault_explanation, is_sticky_cuda_error, record_fault, take_untold
 from gpumem.core.session_io import SavedReport
+from gpumem.core.units import Amount
 from gpumem.ipython import profile_cell, trace_cell
 from gpumem.ipython.arguments import complain, display
-from gpumem.ipython.cell_magic import CellRequest, parse_cell_options, split_cell_header
+from gpumem.ipython.cell_magic import CellRequest, HeaderTransformer, split_cell_header
 from gpumem.ipython.oom import OomExplainer
 from gpumem.ipython.state import ExtensionState
 
@@ -48,8 +49,11 @@ _NOT_MEASURED = CellRequest(CellOptions(), None)
 class CellHooks:
     """The extension's one pair of cell hooks, and what the ``%%gpumem`` magic asks of the cell running."""
 
-    def __init__(self, state: ExtensionState, oom: OomExplainer | None = None) -> None:
+    def __init__(
+        self, state: ExtensionState, header: HeaderTransformer | None = None, oom: OomExplainer | None = None
+    ) -> None:
         self.state = state
+        self.header = header if header is not None else HeaderTransformer(state.monitor.source)  # parses headers
         self.oom = oom  # None where the out-of-memory explanation could not be set up
         self._stack: list[_Pending] = []
         self.reports: deque[SavedReport] = deque(maxlen=REPORTS_KEPT)  # shown under cells, oldest first
@@ -67,6 +71,8 @@ class CellHooks:
 
     def post_run_cell(self, result: Any) -> None:
         pending = self._pop(result)
+        if not self._stack:
+            self.header.forget()
         if pending is not None and pending.active is not None:
             try:
                 self._finish(pending, result)
@@ -115,7 +121,7 @@ class CellHooks:
         header = split_cell_header(raw) if "%%gpumem" in raw[:200] else None
         if header is not None:
             try:
-                request = parse_cell_options(header[0], state.monitor.source)
+                request = self.header.parse(header[0])
                 body = header[1]
             except Exception:
                 request = None  # the %%gpumem magic itself reports the bad option, without running the body
@@ -218,9 +224,7 @@ class CellHooks:
             display(CellReport(record, request.top if request.top is not None else config.top_variables))
             return
         notable = (
-            bool(record.warnings)
-            or record.status == STATUS_OUT_OF_MEMORY
-            or record.largest_change_bytes() >= config.threshold_bytes
+            bool(record.warnings) or record.status == STATUS_OUT_OF_MEMORY or _changed_by(record, config.threshold)
         )
         if notable:
             from gpumem.core.cells.report import CellSummary
@@ -308,6 +312,18 @@ class CellHooks:
             self.show(record, request)
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not finish measuring this cell", failure)
+
+
+def _changed_by(record: CellRecord, threshold: Amount) -> bool:
+    """Whether a figure of the cell moved by ``threshold``: a size, or a share of each device's own capacity."""
+    if threshold.nbytes is not None:
+        return record.largest_change_bytes() >= threshold.nbytes
+    for change in record.devices:
+        limit = threshold.of(change.total_bytes)
+        moved = max(abs(change.allocated_delta_bytes), abs(change.reserved_delta_bytes), change.peak_above_start_bytes)
+        if limit is not None and moved >= limit:
+            return True
+    return False
 
 
 def has_code(source: str) -> bool:
