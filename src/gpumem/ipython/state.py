@@ -76,6 +76,13 @@ class MemoryAmount(TraitType):  # type: ignore[type-arg]
         return s
 
 
+def _tracked(name: str, minimum: int, text: str, kind: type[Int] = ByteSize) -> Any:  # type: ignore[type-arg]
+    """A setting of the cell tracker's (its default is the tracker's, :data:`TRACKER_DEFAULTS`), which a change
+    at run time reaches (:meth:`ExtensionState.config_changed`); byte settings also take a size such as '64MiB'."""
+    sizes = " A number of bytes or a size such as '64MiB'." if kind is ByteSize else ""
+    return kind(TRACKER_DEFAULTS[name], min=minimum, help=text + sizes).tag(config=True)
+
+
 class GpuMem(Configurable):
     """gpumem settings, e.g. ``c.GpuMem.auto = True`` in ipython_config.py; ``%config GpuMem`` lists them."""
 
@@ -94,40 +101,27 @@ class GpuMem(Configurable):
     ).tag(config=True)
     threshold_bytes = ByteSize(None, allow_none=True, help="The old name of threshold; still read.").tag(config=True)
     attribute = Enum(VARS_MODES, None, allow_none=True, help="The old name of vars; still read.").tag(config=True)
-    attribute_threshold_bytes = ByteSize(
-        TRACKER_DEFAULTS["attribute_threshold_bytes"],
-        min=0,
-        help="Automatic mode: the allocated-memory change that triggers a variable inspection.",
-    ).tag(config=True)
+    attribute_threshold_bytes = _tracked(
+        "attribute_threshold_bytes", 0, "Automatic mode: the allocated-memory change that makes it look for variables."
+    )
     keep_peaks = Bool(
         False,
         help="Automatic mode: do not reset PyTorch's peak counters at each cell start (peaks become sampled "
         "lower bounds; torch.cuda.max_memory_allocated() keeps covering the whole session).",
     ).tag(config=True)
     top_variables = Int(DEFAULT_TOP, min=0, help="Variables listed per cell.").tag(config=True)
-    history_size = Int(
-        TRACKER_DEFAULTS["history_size"], min=1, help="Measured cells kept in the history (oldest dropped first)."
-    ).tag(config=True)
-    leak_runs = Int(
-        TRACKER_DEFAULTS["leak_runs"],
-        min=2,
-        help="Runs of the same cell, each growing memory alike, before a leak warning.",
-    ).tag(config=True)
-    leak_min_bytes = ByteSize(
-        TRACKER_DEFAULTS["leak_min_bytes"], min=1, help="Smallest per-run growth that counts towards a leak warning."
-    ).tag(config=True)
-    host_leak_min_bytes = ByteSize(
-        TRACKER_DEFAULTS["host_leak_min_bytes"],
-        min=1,
-        help="Smallest per-run growth of host memory (RSS) that counts towards a leak warning; RSS moves by a few "
-        "MiB on its own. A number of bytes or a size such as '64MiB'.",
-    ).tag(config=True)
-    pattern_min_bytes = ByteSize(
-        TRACKER_DEFAULTS["pattern_min_bytes"],
-        min=1,
-        help="Smallest growth inside a cell (a staircase) or of kept gradients that is reported. A number of bytes "
-        "or a size such as '64MiB'.",
-    ).tag(config=True)
+    history_size = _tracked("history_size", 1, "Measured cells kept in the history (oldest dropped first).", Int)
+    leak_runs = _tracked("leak_runs", 2, "Runs of the same cell, each growing alike, before a leak warning.", Int)
+    leak_min_bytes = _tracked("leak_min_bytes", 1, "Smallest per-run growth that counts towards a leak warning.")
+    host_leak_min_bytes = _tracked(
+        "host_leak_min_bytes",
+        1,
+        "Smallest per-run growth of host memory (RSS) that counts towards a leak warning; RSS moves by a few MiB on "
+        "its own.",
+    )
+    pattern_min_bytes = _tracked(
+        "pattern_min_bytes", 1, "Smallest growth inside a cell (a staircase) or of kept gradients that is reported."
+    )
     record_own_commands = Bool(
         False,
         help="Automatic mode: also measure and record cells that are only %gpumem line magics (status, history, "
