@@ -230,3 +230,36 @@ def test_the_header_is_parsed_and_its_devices_checked_once_per_cell(
         result, cap = run_cell_capture(shell, "%%gpumem --device cuda:1\nh = src.allocate(MIB, device=1)")
         assert result.success and "cuda:1" in cap.outputs[0].data["text/plain"]
         assert checks == [(1,)] * (number + 1)  # once per cell, again for the next one
+
+
+# A share of capacity is read against each device's own capacity ---------------------------------------
+
+
+def test_a_share_of_capacity_under_auto_counts_against_the_devices_capacity(shell: Any) -> None:
+    shell.run_line_magic("gpumem", "auto on --threshold 5% --vars never")  # 5% of 80 GiB: 4 GiB
+    assert "a line shows under cells\nthat change memory by 5%+ of a device's capacity" in _said(shell, "%gpumem auto")
+    shell.user_ns.update(GIB=GIB)
+    _result, small = run_cell_capture(shell, "a = src.allocate(3 * GIB)")
+    _result, large = run_cell_capture(shell, "b = src.allocate(5 * GIB)")
+    assert small.outputs == []
+    assert [output.data["text/plain"][:8] for output in large.outputs] == ["gpumem ["]
+    assert len(state().tracker.history) == 2  # both measured; only the large one was worth a line
+
+
+def test_a_size_threshold_in_the_panel_header_is_a_share_of_each_devices_capacity() -> None:
+    from gpumem.panel.header import DeviceFigures, HeaderModel, render_header
+
+    def figures(device: int, used: int, total: int) -> DeviceFigures:
+        return DeviceFigures(device, None, used, used, used, total, used, True)
+
+    devices = (figures(0, 50 * GIB, 80 * GIB), figures(1, 30 * GIB, 40 * GIB))  # 62.5% and 75% used
+    model = HeaderModel(devices, host=None, notes=(), cuda_in_use=True)
+    html, alert = render_header(model, Amount(nbytes=60 * GIB))  # 75% of cuda:0, more than all of cuda:1
+    assert not alert and "threshold 60.0 GiB" in html
+    html, alert = render_header(model, Amount(nbytes=35 * GIB))  # 43.75% of cuda:0 (past it), 87.5% of cuda:1
+    assert alert and html.count("gm-row-alert") == 1
+
+
+def _said(shell: Any, line: str) -> str:
+    _result, cap = run_cell_capture(shell, line)
+    return cap.stdout
