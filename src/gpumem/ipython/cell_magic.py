@@ -30,9 +30,9 @@ from gpumem.ipython.arguments import (
     parse_argstring,
     parse_cuda_devices,
 )
+from gpumem.ipython.cell_recorders import TraceRequest
 from gpumem.ipython.predict_cell import PredictRequest, parse_predict
 from gpumem.ipython.state import VARS_HELP, VARS_MODES, vars_attribute
-from gpumem.ipython.trace_cell import TraceRequest
 
 __all__ = ["CellRequest", "HeaderTransformer", "cell_usage", "parse_cell_options", "run_body", "split_cell_header"]
 

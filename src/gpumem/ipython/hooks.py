@@ -18,7 +18,7 @@ from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, Cel
 from gpumem.core.cuda_fault import fault_explanation, is_sticky_cuda_error, record_fault, take_untold
 from gpumem.core.session_io import SavedReport
 from gpumem.core.units import Amount
-from gpumem.ipython import profile_cell, trace_cell
+from gpumem.ipython import cell_recorders as recorders
 from gpumem.ipython.arguments import complain, display
 from gpumem.ipython.cell_magic import CellRequest, HeaderTransformer, split_cell_header
 from gpumem.ipython.oom import OomExplainer
@@ -102,8 +102,8 @@ class CellHooks:
     def close(self) -> None:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""
         for pending in self._stack:
-            trace_cell.abandon(pending.trace)
-            profile_cell.abandon(pending.profile)
+            recorders.abandon(pending.trace)
+            recorders.abandon(pending.profile)
         self._stack.clear()
         if self.oom is not None:
             self.oom.close()
@@ -140,9 +140,7 @@ class CellHooks:
         if request is None:  # automatic mode: no --trace, no --profile
             self._stack.append(_Pending(info, active, None))
             return
-        traced = trace_cell.start(request.trace)
-        profiler = profile_cell.start(request.profile)
-        self._stack.append(_Pending(info, active, request, traced, profiler))
+        self._stack.append(_Pending(info, active, request, **_recorders_started(request)))
 
     def _own_command(self, source: str) -> bool:
         """A cell of only ``%gpumem`` line magics: in automatic mode it would fill the history with gpumem's
@@ -173,11 +171,7 @@ class CellHooks:
         count = getattr(result, "execution_count", None)
         if pending.info is not None and not getattr(pending.info, "store_history", False):
             count = None
-        profiled = traced = None
-        if pending.profile is not None or pending.trace is not None:
-            # The profiler first: its own work stays out of the trace.
-            profiled = profile_cell.stop(pending.profile, count)
-            traced = trace_cell.stop(pending.trace)
+        recorded = _recorders_stopped(pending.trace, pending.profile, count)
         if result is None:
             error: BaseException | None = RuntimeError("the cell did not complete")
         else:
@@ -193,8 +187,13 @@ class CellHooks:
         )
         self.show(record, request)
         if request is not None:
-            self._keep("trace", count, trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet))
-            self._keep("profile", count, profile_cell.show(profiled, record.quiet))
+            self._show_recorded(request, count, record.quiet, *recorded)
+
+    def _show_recorded(self, request: CellRequest, cell: int | None, quiet: bool, traced: Any, profiled: Any) -> None:
+        """The --trace and --profile reports under the cell (unless ``quiet``), each kept for an export."""
+        shell = self.state.shell
+        self._keep("trace", cell, recorders.show_trace(traced, request.trace, shell, cell, quiet))
+        self._keep("profile", cell, recorders.show_profile(profiled, quiet))
 
     def _keep(self, kind: str, cell: int | None, report: object) -> None:
         """Remember a report shown under a cell (as its text) so that an export holds it."""
@@ -259,7 +258,7 @@ class CellHooks:
                 complain("could not start measuring this cell", error)
                 return
             outer = outer._replace(active=active)
-        self._stack[0] = outer._replace(request=request, **_extras_started(outer, request))
+        self._stack[0] = outer._replace(request=request, **_recorders_started(request, outer))
 
     def measure_body(self, request: CellRequest, body: str, run: Callable[[], _T]) -> _T:
         """``%%gpumem`` called as a function: ``run()`` the body, measured as asked.
@@ -280,8 +279,7 @@ class CellHooks:
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not start measuring this cell", failure)
             return run()  # the user's code runs all the same
-        traced = trace_cell.start(request.trace)
-        profiler = profile_cell.start(request.profile)
+        started = _recorders_started(request)
         error: BaseException | None = None
         try:
             return run()
@@ -290,17 +288,14 @@ class CellHooks:
             raise
         finally:
             number = self.running_cell_number()
-            profiled = profile_cell.stop(profiler, number)  # first: the profiler's own work stays out of the trace
-            snapshot = trace_cell.stop(traced)
+            recorded = _recorders_stopped(started["trace"], started["profile"], number)
             self._finish_body(cell, error, request)
-            quiet = request.options.quiet
-            self._keep("trace", number, trace_cell.show(snapshot, request.trace, self.state.shell, number, quiet))
-            self._keep("profile", number, profile_cell.show(profiled, quiet))
+            self._show_recorded(request, number, request.options.quiet, *recorded)
 
     def _adopt(self, request: CellRequest) -> bool:
         for position, pending in enumerate(self._stack):
             if pending.active is not None:
-                self._stack[position] = pending._replace(request=request, **_extras_started(pending, request))
+                self._stack[position] = pending._replace(request=request, **_recorders_started(request, pending))
                 return True
         return False
 
@@ -337,9 +332,15 @@ def _say_nothing_measured(request: CellRequest) -> None:
         print("%%gpumem: nothing measured (the cell has no code below the %%gpumem line)")
 
 
-def _extras_started(pending: _Pending, request: CellRequest) -> dict[str, Any]:
-    """The cell's --trace recorder and --profile profiler: those already running, else started as asked."""
+def _recorders_started(request: CellRequest, running: _Pending | None = None) -> dict[str, Any]:
+    """The cell's --trace recorder and --profile profiler: those already ``running``, else started as asked."""
     return {
-        "trace": pending.trace or trace_cell.start(request.trace),
-        "profile": pending.profile or profile_cell.start(request.profile),
+        "trace": (running and running.trace) or recorders.start_trace(request.trace),
+        "profile": (running and running.profile) or recorders.start_profile(request.profile),
     }
+
+
+def _recorders_stopped(trace: Any, profile: Any, cell: int | None) -> tuple[Any, Any]:
+    """``(snapshot, profile report)``: the profiler stops first, so that its own work stays out of the trace."""
+    profiled = recorders.stop_profile(profile, cell)
+    return recorders.stop_trace(trace), profiled
