@@ -28,8 +28,10 @@ def magic_who(shell: Any, line: str) -> None:
 
     List the names that keep tensor memory alive, largest first, storages counted once, with the
     references IPython itself keeps (output cache, last exception) and the command that frees them.
-    --all lists every holder instead of the top 20; --cycles also runs one garbage collection to find
-    (and free) tensors that only reference cycles keep alive.
+    DEVICE is whose tensors count: cuda (every CUDA device, the default), cuda:N or N, cpu or all.
+    --all lists every holder instead of the top 20; --depth N is how deep to look inside containers and
+    objects (default 5); --cycles also runs one garbage collection to find (and free) tensors that only
+    reference cycles keep alive.
     """
     try:
         options = _who_options(line)
