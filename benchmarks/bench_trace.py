@@ -69,7 +69,7 @@ def render_half(entries: int, runs: int = 7, *, shared_frames: bool = False) -> 
         start, cpu = time.perf_counter(), time.process_time()
         report = build_report(CellSnapshot(snapshot, {}, False, [], 2 * entries))
         analysed = time.perf_counter()
-        with collector_paused():  # as trace_cell.show renders it
+        with collector_paused():  # as cell_recorders.show_trace renders it
             page = report._repr_html_() + repr(report)
         render.append(time.perf_counter() - analysed)
         analysis.append(analysed - start)
@@ -101,7 +101,7 @@ def training_half(entries: int, runs: int = 9) -> dict[str, Any]:
         start, cpu = time.perf_counter(), time.process_time()
         report = build_report(CellSnapshot(snapshot, {}, False, [], None))
         analysed, analysed_cpu = time.perf_counter(), time.process_time()
-        with collector_paused():  # as trace_cell.show renders it
+        with collector_paused():  # as cell_recorders.show_trace renders it
             report._repr_html_()
             repr(report)
         phases["render_s"].append(time.perf_counter() - analysed)
@@ -138,7 +138,7 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    from gpumem.ipython import profile_cell, trace_cell
+    from gpumem.ipython import cell_recorders
 
     shell = InteractiveShell.instance()
     assert shell.run_cell(SETUP + "from gpumem.core.trace import TraceRecorder as _GpumemTraceRecorder\n").success
@@ -168,13 +168,13 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     ratios: dict[str, list[float]] = {name: [] for name in (*RATIOS_TO_PLAIN, *RATIOS_TO_BARE)}
     names = list(variants)
-    with ProfileCosts(profile_cell) as profile_costs:
+    with ProfileCosts(cell_recorders) as profile_costs:
         for round_number in range(rounds):
             order = names[round_number % len(names) :] + names[: round_number % len(names)]
             got = {}
             for name in order:
                 got[name] = run(name)
-                keep_phases(name, phases, trace_cell.LAST_COSTS, profile_costs)
+                keep_phases(name, phases, cell_recorders.LAST_COSTS, profile_costs)
             for name, seconds in got.items():
                 times[name].append(seconds)
             for name in RATIOS_TO_PLAIN:
@@ -185,20 +185,20 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
 
 
 class ProfileCosts:
-    """What each profiled cell's report says it cost, kept by wrapping ``profile_cell.stop`` (which the
+    """What each profiled cell's report says it cost, kept by wrapping ``cell_recorders.stop_profile`` (which the
     hooks call through the module) inside the ``with`` block."""
 
     def __init__(self, module: Any) -> None:
         self.module = module
-        self.stop = module.stop
+        self.stop = module.stop_profile
         self.last: Any = None
 
     def __enter__(self) -> Self:
-        self.module.stop = self._stop
+        self.module.stop_profile = self._stop
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.module.stop = self.stop
+        self.module.stop_profile = self.stop
 
     def _stop(self, profiler: Any, cell: int | None) -> Any:
         report = self.stop(profiler, cell)

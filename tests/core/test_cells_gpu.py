@@ -452,7 +452,7 @@ def test_automatic_mode_names_the_kinds_of_backward_and_step_cells(gpu: Any) -> 
     assert gpu.run_cell(setup).success
     torch._C._cuda_clearCublasWorkspaces()  # the backward cell then makes both of its workspaces
     torch.cuda.empty_cache()
-    assert gpu.run_cell("%config GpuMem.threshold_bytes = 1048576").success
+    assert gpu.run_cell("%config GpuMem.threshold = 1048576").success
     assert gpu.run_cell("%gpumem auto on").success
     first = "warm = torch.empty(1 << 20, dtype=torch.uint8, device='cuda:0')"  # 1 MiB: a first walk to compare with
     assert run_cell_capture(gpu, first)[0].success

@@ -146,7 +146,7 @@ def test_kept_losses_and_gradients_are_named_with_the_fix(fake_shell: Any) -> No
 def test_automatic_mode_names_kinds_of_cells_that_rebind_no_tensor(fake_shell: Any) -> None:
     torch = pytest.importorskip("torch")
     fake_shell.user_ns["torch"] = torch
-    run_cell_capture(fake_shell, "%config GpuMem.threshold_bytes = 1048576")
+    run_cell_capture(fake_shell, "%config GpuMem.threshold = 1048576")
     run_cell_capture(fake_shell, "%gpumem auto on")
     setup = "model = torch.nn.Linear(1024, 1024)\noptimizer = torch.optim.AdamW(model.parameters())\n"
     run_cell_capture(fake_shell, setup + "h1 = src.allocate(2 * MIB)")
@@ -171,7 +171,7 @@ def test_kinds_changed_by_earlier_unmeasured_cells_say_since_when(fake_shell: An
     `x` from a name to IPython's Out), so that cell's line and history row must say since when."""
     torch = pytest.importorskip("torch")
     fake_shell.user_ns["torch"] = torch
-    run_cell_capture(fake_shell, "%config GpuMem.threshold_bytes = 1048576")
+    run_cell_capture(fake_shell, "%config GpuMem.threshold = 1048576")
     run_cell_capture(fake_shell, "%gpumem auto on")
     result, _cap = run_cell_capture(fake_shell, "x = torch.zeros(2 * MIB // 4)\nh1 = src.allocate(2 * MIB)")
     walked = result.execution_count

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpumem.core.devices import (
+    DeviceSelection,
     DeviceSpec,
     describe_devices,
-    parse_cuda_device,
-    parse_cuda_indices,
     parse_device,
+    parse_devices,
     parse_visible_devices,
 )
 
@@ -30,17 +30,21 @@ def test_parse_device_refuses_with_value_error(bad: object) -> None:
         parse_device(bad)  # type: ignore[arg-type]
 
 
-def test_cuda_indices_and_single_cuda_device() -> None:
-    assert parse_cuda_indices("0, 1,cuda:1") == (0, 1)
-    assert parse_cuda_device("cuda:1") == 1
-    assert parse_cuda_device("all") is None
-    assert parse_cuda_device(None) is None
-    for bad in ("²", "cpu", "0,1", "cuda:①"):
-        with pytest.raises(ValueError, match="CUDA"):
-            parse_cuda_device(bad)
-    for bad in ("²", "cpu", "0,,1", "cuda:①"):
-        with pytest.raises(ValueError, match="CUDA"):
-            parse_cuda_indices(bad)
+def test_one_grammar_narrowed_by_what_a_command_shows() -> None:
+    assert parse_devices("0, 1,cuda:1").cuda_indices() == (0, 1)
+    assert parse_devices("cuda:1").one_cuda() == 1
+    assert parse_devices("all").one_cuda() is None
+    assert parse_devices("cuda").cuda_indices() is None
+    assert parse_devices(None, default="all") == DeviceSelection(None, (), "all")
+    assert parse_devices(None).spec() == DeviceSpec("cuda", None)
+    for bad in ("cpu", "0,1"):
+        with pytest.raises(ValueError, match="CUDA device"):
+            parse_devices(bad).one_cuda()
+    with pytest.raises(ValueError, match="choose one device"):
+        parse_devices("0,1").spec()
+    for bad in ("²", "0,,1", "cuda:①", "0,cpu", "all,1"):
+        with pytest.raises(ValueError, match="device"):
+            parse_devices(bad)
 
 
 def test_describe_devices() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from _harness import gpumem_loaded, run_cell_capture
-from gpumem.ipython.trace_cell import cell_numbers
+from gpumem.ipython.cell_recorders import cell_numbers
 from gpumem.testing import FakeSource
 
 NO_CUDA = (
@@ -140,7 +140,7 @@ def test_the_costs_of_the_end_of_a_traced_cell_are_kept_by_phase(shell: Any) -> 
 
     from gpumem.core.trace import CellSnapshot
     from gpumem.core.trace.synthetic import training_snapshot
-    from gpumem.ipython import trace_cell
+    from gpumem.ipython import cell_recorders
 
     snapshot = training_snapshot(20)
     entries = len(snapshot["device_traces"][0])
@@ -149,11 +149,11 @@ def test_the_costs_of_the_end_of_a_traced_cell_are_kept_by_phase(shell: Any) -> 
         def stop(self) -> CellSnapshot:
             return CellSnapshot(snapshot, {0: 12}, False, [], None)
 
-    taken = trace_cell.stop(Recorder())  # type: ignore[arg-type]
+    taken = cell_recorders.stop_trace(Recorder())  # type: ignore[arg-type]
     with capture_output(display=True) as cap:
-        report = trace_cell.show(taken, trace_cell.TraceRequest(0, None), shell, 5, quiet=False)
+        report = cell_recorders.show_trace(taken, cell_recorders.TraceRequest(0, None), shell, 5, quiet=False)
     assert report is not None
-    costs = trace_cell.LAST_COSTS
+    costs = cell_recorders.LAST_COSTS
     assert set(costs) == {"snapshot_s", "entries", "analysis_s", "render_s", "html_bytes"}
     assert costs["entries"] == entries - 12
     assert costs["html_bytes"] == len(cap.outputs[-1].data["text/html"].encode())

@@ -191,7 +191,7 @@ def test_trace_however_the_magic_runs_the_body(gpu: Any, cell: str, site: str) -
 
 
 def test_the_phases_of_the_last_traced_cell_are_kept(gpu: Any) -> None:
-    from gpumem.ipython.trace_cell import LAST_COSTS
+    from gpumem.ipython.cell_recorders import LAST_COSTS
 
     result, cap = run_cell_capture(
         gpu, "%%gpumem --trace\nx = torch.empty(1 << 20, dtype=torch.uint8, device='cuda:0')"

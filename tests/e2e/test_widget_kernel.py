@@ -26,7 +26,7 @@ def test_monitor_and_sidebar_magics_in_a_kernel(tmp_path: Path, jupyter_env: Jup
         (
             "import threading, gpumem.panel.sidebar as gw\n"
             "p = gw.open_panels()[-1]\n"
-            "print('options', p.options.window_s, round(p.options.threshold, 2), p.options.show_host,"
+            "print('options', p.options.window_s, round(p.options.threshold.fraction, 2), p.options.show_host,"
             " p.options.rate_hz)\n"
             "print('panels', len(gw.open_panels()))"
         ),
@@ -53,7 +53,7 @@ def test_monitor_and_sidebar_magics_in_a_kernel(tmp_path: Path, jupyter_env: Jup
     assert "panels 2" in out[3]
     assert "window must be a duration such as 1min, 10min, 1h or all, not 'soon'" in out[4]
     assert "Traceback" not in out[4]
-    assert "threshold must be between 0 and 100%" in out[5]
+    assert "threshold: a share of capacity is between 0 and 100%, not '120%'" in out[5]
     assert SIDEBAR in _mimes(nb.cells[6]) or "inline" in out[6], out[6]
     assert "panels 3" in out[7]
     assert "Closed 3 panels." in out[8]

@@ -51,17 +51,17 @@ def config() -> Any:
 
 
 def test_an_overflowing_threshold_is_a_usage_error(shell: Any) -> None:
-    before = config().threshold_bytes
+    before = config().threshold.nbytes
     for size in ("1e400", "1e30"):
         assert "too large for a memory size" in usage_error(shell, f"%gpumem auto --threshold {size}")
-    assert config().threshold_bytes == before
+    assert config().threshold.nbytes == before
 
 
 def test_a_threshold_with_a_space_or_quotes(shell: Any) -> None:
     for line in ("--threshold 96 MiB", '--threshold "128 MiB"', "--threshold '2 GiB' on"):
         result, _cap = run_cell_capture(shell, f"%gpumem auto {line}")
         assert result.success, line
-    assert config().threshold_bytes == 2 * GIB and config().auto
+    assert config().threshold.nbytes == 2 * GIB and config().auto
 
 
 def test_switch_ignores_case(shell: Any) -> None:

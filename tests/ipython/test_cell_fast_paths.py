@@ -41,7 +41,7 @@ def test_the_options_follow_every_change_of_the_settings(shell: Any) -> None:
     assert state is not None
 
     def built_now() -> CellOptions:  # what the settings say, built afresh
-        attribute = {"changed": None, "always": True, "never": False}[state.config.attribute]
+        attribute = {"changed": None, "always": True, "never": False}[state.config.vars]
         return CellOptions(keep_peaks=state.config.keep_peaks, attribute=attribute, mode="auto")
 
     run_cell_capture(shell, "x = 1")
@@ -55,7 +55,7 @@ def test_the_options_follow_every_change_of_the_settings(shell: Any) -> None:
     run_cell_capture(shell, "x = 3")
     assert state.auto_options() == built_now() and state.auto_options().attribute is True
     assert "not inspected" not in _last_record().variables_note
-    state.config.attribute = "never"  # set directly, as a configurable
+    state.config.vars = "never"  # set directly, as a configurable
     run_cell_capture(shell, "x = 4")
     assert _last_record().variables_note == "variables not inspected (turned off)"
 

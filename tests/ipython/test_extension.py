@@ -134,7 +134,7 @@ def test_config_sets_the_defaults(ip: Any, fake_monitor: Monitor) -> None:
         assert ip.run_cell("%load_ext gpumem").success
         state = _extension.get_state()
         assert state is not None
-        assert state.auto and state.config.threshold_bytes == 1024 and state.tracker.leak_runs == 4
+        assert state.auto and state.config.threshold.nbytes == 1024 and state.tracker.leak_runs == 4
         assert fake_monitor.running  # warmed up at load, so the first cell pays nothing for it
         ip.user_ns["src"] = fake_monitor.source
         _result, cap = run_cell_capture(ip, "h = src.allocate(4096)")

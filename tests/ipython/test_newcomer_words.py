@@ -69,7 +69,7 @@ def test_help_has_no_markup_leftovers_and_plain_metavars(shell: Any) -> None:
     assert not [line for line in text.splitlines() if line.strip() == "::"]
     assert "{changed,always,never}" not in text and "{on,off}" not in text
     text = " ".join(text.split())
-    assert "--vars MODE" in text and "changed (default" in text and "always (after every cell) or never" in text
+    assert "--vars MODE" in text and "(default changed)" in text and "always (after every cell) or never" in text
     _result, cap = run_cell_capture(shell, "%gpumem auto -h")
     assert cap.stdout.startswith("%gpumem auto\n")
     assert "::" not in cap.stdout
@@ -135,10 +135,10 @@ def test_status_prints_the_figures_now_as_the_terminal_monitor_note_promises(she
 def test_help_usage_lines_are_filled_and_aligned_under_the_first_option(shell: Any) -> None:
     _result, cap = run_cell_capture(shell, "%gpumem help")
     lines = cap.stdout.splitlines()
-    assert "%gpumem auto [--threshold SIZE] [--vars MODE] [--keep-peaks] [--reset-peaks] [on|off]" in lines
-    start = lines.index("%%gpumem [-d DEVICES] [-q] [-k] [--top N] [--no-vars] [--trace]")
-    assert lines[start + 1] == "         [--trace-entries N] [--trace-save PATH] [--profile] [--predict]"
-    assert lines[start + 2] == "         [--capacity SIZE] [--batch NAME=LOW..HIGH]"
+    assert "%gpumem auto [--threshold AMOUNT] [--vars MODE] [--keep-peaks] [--reset-peaks] [on|off]" in lines
+    start = lines.index("%%gpumem [-d DEVICES] [-q] [-k] [--top N] [--vars MODE] [--no-vars]")
+    assert lines[start + 1] == "         [--trace] [--trace-entries N] [--trace-save PATH] [--profile]"
+    assert lines[start + 2] == "         [--predict] [--capacity SIZE] [--batch NAME=LOW..HIGH]"
     usage = [line for line in lines if line.startswith("%") or line.lstrip().startswith("[")]
     assert all(len(line) <= 100 for line in usage), usage
     _result, cap = run_cell_capture(shell, "%gpumem monitor -h")

@@ -217,17 +217,17 @@ def test_a_path_no_file_can_have_is_one_line(
 
 
 def test_a_bad_config_value_is_refused_alone(ip: Any, fake: FakeSource, capsys: pytest.CaptureFixture[str]) -> None:
-    ip.config.GpuMem.threshold_bytes = "abc"
+    ip.config.GpuMem.threshold = "abc"
     ip.config.GpuMem.top_variables = 3
     set_default_monitor(Monitor(fake))
     try:
         assert ip.run_cell("%load_ext gpumem").success
         err = capsys.readouterr().err.strip()
         assert err == (
-            "gpumem: ignoring GpuMem.threshold_bytes = 'abc' (the other settings apply): TraitError: "
-            "The 'threshold_bytes' trait of a GpuMem instance expected an int, not the str 'abc'."
+            "gpumem: ignoring GpuMem.threshold = 'abc' (the other settings apply): TraitError: threshold: "
+            "expected a size such as 512MiB or a share of the device's capacity such as 80%, not 'abc'"
         )
-        assert settings().top_variables == 3 and settings().threshold_bytes == 64 * MIB
+        assert settings().top_variables == 3 and settings().threshold.nbytes == 64 * MIB
         assert ip.run_cell("%reload_ext gpumem").success
         assert capsys.readouterr().err == ""  # said once
         assert settings().top_variables == 3
@@ -240,7 +240,7 @@ def test_a_bad_value_in_a_config_file_is_refused_alone(
     ip: Any, fake: FakeSource, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "ipython_config.py").write_text(
-        "c.GpuMem.threshold_bytes = 'abc'\nc.GpuMem.auto = True\nc.GpuMem.leak_runs = 1\nc.GpuMem.attribute = 'never'\n"
+        "c.GpuMem.threshold = 'abc'\nc.GpuMem.auto = True\nc.GpuMem.leak_runs = 1\nc.GpuMem.vars = 'never'\n"
     )
     loaded = PyFileConfigLoader("ipython_config.py", path=str(tmp_path)).load_config()
     assert isinstance(loaded, Config)
@@ -250,11 +250,11 @@ def test_a_bad_value_in_a_config_file_is_refused_alone(
         assert ip.run_cell("%load_ext gpumem").success
         lines = capsys.readouterr().err.strip().splitlines()
         assert [line.split(" = ")[0] for line in lines] == [
-            "gpumem: ignoring GpuMem.threshold_bytes",
+            "gpumem: ignoring GpuMem.threshold",
             "gpumem: ignoring GpuMem.leak_runs",
         ]
-        assert settings().auto and settings().attribute == "never"
-        assert settings().threshold_bytes == 64 * MIB and settings().leak_runs == 3
+        assert settings().auto and settings().vars == "never"
+        assert settings().threshold.nbytes == 64 * MIB and settings().leak_runs == 3
     finally:
         ip.run_cell("%unload_ext gpumem")
         set_default_monitor(None)
@@ -265,14 +265,14 @@ def test_a_bad_config_magic_is_one_line_and_a_reload_keeps_the_rest(
 ) -> None:
     said(shell, "%config GpuMem.top_variables = 2")
     capsys.readouterr()
-    _result, cap = run_cell_capture(shell, "%config GpuMem.threshold_bytes = 'abc'")
+    _result, cap = run_cell_capture(shell, "%config GpuMem.threshold = 'abc'")
     assert cap.stdout + cap.stderr == ""  # IPython's %config logs the refusal, one record:
     (record,) = caplog.records
-    assert "'threshold_bytes' trait of a GpuMem instance expected an int" in record.getMessage()
+    assert "threshold: expected a size such as 512MiB or a share of the device's capacity" in record.getMessage()
     assert len(record.getMessage().splitlines()) == 1 and record.exc_info is None
-    assert settings().threshold_bytes == 64 * MIB and settings().top_variables == 2
+    assert settings().threshold.nbytes == 64 * MIB and settings().top_variables == 2
     assert shell.run_cell("%reload_ext gpumem").success
-    assert "ignoring GpuMem.threshold_bytes = 'abc' (the other settings apply)" in capsys.readouterr().err
+    assert "ignoring GpuMem.threshold = 'abc' (the other settings apply)" in capsys.readouterr().err
     assert settings().top_variables == 2
 
 
@@ -286,13 +286,13 @@ def test_a_reload_keeps_the_settings_made_at_run_time(shell: Any) -> None:
     for _ in range(2):
         assert shell.run_cell("%reload_ext gpumem").success
         config = settings()
-        assert (config.auto, config.threshold_bytes, config.attribute, config.keep_peaks) == (True, MIB, "always", True)
+        assert (config.auto, config.threshold.nbytes, config.vars, config.keep_peaks) == (True, MIB, "always", True)
         assert config.top_variables == 2
     _result, cap = run_cell_capture(shell, "g = src.allocate(2 * MIB)")  # automatic mode really is on
     assert [output.data["text/plain"][:8] for output in cap.outputs] == ["gpumem ["]
     assert shell.run_cell("%unload_ext gpumem").success
     assert shell.run_cell("%load_ext gpumem").success
-    assert settings().auto and settings().threshold_bytes == MIB
+    assert settings().auto and settings().threshold.nbytes == MIB
 
 
 # Tracebacks show the user's own header line ---------------------------------------------------------

@@ -13,6 +13,7 @@ from gpumem.core.cells.record import CellOptions
 from gpumem.core.cells.tracker import CellTracker
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import RunningPeak, kept_counter_exact
+from gpumem.core.units import Amount
 from gpumem.panel.header import build_header, render_header
 from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, FakeSource
@@ -75,7 +76,8 @@ def test_reserved_minus_allocated_is_cached_not_fragmentation() -> None:
     snapshot = source.snapshot()
     infos = {0: source.device_info(0), 1: source.device_info(1)}
     for device in (0, None):
-        text, _alert = render_header(build_header(snapshot, infos, {}, None, source.status(), device), 0.9)
+        model = build_header(snapshot, infos, {}, None, source.status(), device)
+        text, _alert = render_header(model, Amount(fraction=0.9))
         assert "fragmentation" not in _text(text)  # the tooltip says when it is
         assert "cached, unallocated" in text
         assert "4.0 GiB" in _text(text)

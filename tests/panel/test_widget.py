@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
-from gpumem.core.devices import parse_cuda_device as parse_device
+from gpumem.core.devices import parse_devices
 from gpumem.core.monitor import Monitor
 from gpumem.core.peaks import RunningPeak
 from gpumem.core.timeline import Timeline
@@ -106,13 +106,19 @@ def test_option_parsing_accepts_the_documented_forms() -> None:
     assert parse_window("90s") == 90
     assert parse_window(120) == 120
     assert parse_window("all") is None
-    assert parse_threshold("90%") == pytest.approx(0.9)
-    assert parse_threshold(0.75) == pytest.approx(0.75)
-    assert parse_threshold("80") == pytest.approx(0.8)
+    assert parse_threshold("90%").fraction == pytest.approx(0.9)
+    assert parse_threshold(0.75).fraction == pytest.approx(0.75)
+    assert parse_threshold("80").fraction == pytest.approx(0.8)  # the old spelling, read as it was
+    assert parse_threshold("70GiB").nbytes == 70 * GIB
     assert parse_rate("4") == 4.0
     assert parse_device("cuda:1") == 1
     assert parse_device("2") == 2
     assert parse_device("all") is None
+
+
+def parse_device(value: object) -> int | None:
+    """The panel's device: one CUDA device or all."""
+    return parse_devices(value, default="all").one_cuda()  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -121,10 +127,10 @@ def test_option_parsing_accepts_the_documented_forms() -> None:
         (parse_window, "soon", "window must be a duration"),
         (parse_window, "1s", "at least 5 seconds"),
         (parse_threshold, "150%", "between 0 and 100%"),
-        (parse_threshold, "high", "fraction (0.9) or a percentage"),
+        (parse_threshold, "high", "a size such as 512MiB or a share of the device's capacity such as 80%"),
         (parse_rate, "100", "between 0.2 and 10"),
         (parse_rate, "fast", "number of updates per second"),
-        (parse_device, "gpu", "CUDA index"),
+        (parse_device, "gpu", "use cuda, cuda:N or N, a list such as 0,1, cpu or all"),
         (parse_device, -1, "0 or more"),
     ],
 )
@@ -138,9 +144,9 @@ def test_bad_options_get_one_clear_line(func: Any, value: Any, words: str) -> No
     ("line", "words"),
     [
         ("--window soon", "window must be a duration"),
-        ("--threshold 150%", "threshold must be between"),
+        ("--threshold 150%", "between 0 and 100%"),
         ("--rate 100", "rate must be between"),
-        ("--device gpu", "device must be a CUDA index"),
+        ("--device gpu", "unknown device 'gpu'"),
         ("--bogus", "unrecognized arguments"),
     ],
 )

@@ -1,5 +1,7 @@
 """What every magic and hook shares: IPython's magic markers and ``magic_arguments``, typed; option
-values checked into one-line ``UsageError``s; the display helper; the one-line complaint.
+values checked into one-line ``UsageError``s, one parser per kind of value (a size, an amount such as a
+threshold, devices, a path), each naming what it accepts; the note, once per kernel, for an old spelling;
+the display helper; the one-line complaint.
 
 IPython's decorators are untyped (or typed loosely); wrapping them here keeps ``mypy --strict``
 meaningful everywhere else. Nothing here imports more than IPython's magic machinery.
@@ -20,25 +22,34 @@ from IPython.core import magic_arguments as _magic_arguments
 from IPython.core.error import UsageError
 
 from gpumem.core import units
-from gpumem.core.devices import describe_devices, parse_cuda_indices
+from gpumem.core.devices import DEVICE_GRAMMAR, DeviceSelection, describe_devices, parse_devices
 from gpumem.core.sources import MemorySource
+from gpumem.core.units import AMOUNT_GRAMMAR, Amount
 
 __all__ = [
+    "DEVICE_HELP",
+    "THRESHOLD_HELP",
     "UsageError",
     "argument",
     "check_devices_exist",
     "complain",
+    "deprecated",
     "did_you_mean",
     "display",
     "line_cell_magic",
     "magic_arguments",
     "magics_class",
+    "parse_amount",
     "parse_argstring",
-    "parse_devices",
+    "parse_cuda_devices",
+    "parse_device_option",
     "parse_path",
     "parse_size",
     "split_arguments",
 ]
+
+DEVICE_HELP = DEVICE_GRAMMAR  # every --device reads the same
+THRESHOLD_HELP = AMOUNT_GRAMMAR.replace("%", "%%")  # every --threshold reads the same (argparse's help writes % as %%)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _C = TypeVar("_C", bound=type)
@@ -95,7 +106,7 @@ def parse_argstring(magic: Callable[..., Any], line: str) -> Any:
     """Parse ``line`` with the parser ``@magic_arguments`` built on ``magic`` (bad input: UsageError,
     with "did you mean --last?" when an unknown option is close to one of the magic's)."""
     parser = magic.parser  # type: ignore[attr-defined]
-    tokens = split_arguments(line)
+    tokens = split_arguments(_SPLIT_SIZE.sub(r"\1\2", line))
     try:
         return parser.parse_args(tokens)
     except UsageError as error:
@@ -108,6 +119,8 @@ def parse_argstring(magic: Callable[..., Any], line: str) -> Any:
 
 
 _OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+# A size written as two words after an option that takes one ("--threshold 64 MiB") is one size.
+_SPLIT_SIZE = re.compile(r"(--(?:threshold|capacity)(?:=|\s+)[0-9.eE]+)\s+([kKmMgGtT]i?[bB]?|[bB])(?=\s|$)")
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -122,12 +135,31 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 # Option values ----------------------------------------------------------------------------------
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "") -> int:
     """A memory size such as ``64MiB`` (see :func:`gpumem.core.units.parse_size`); bad input is a UsageError."""
     try:
         return units.parse_size(text)
     except ValueError as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(f"{option}: {error}" if option else str(error)) from None
+
+
+def parse_amount(text: str, option: str = "--threshold") -> Amount:
+    """A size or a share of capacity (``512MiB``, ``80%``: :func:`gpumem.core.units.parse_amount`); else UsageError."""
+    try:
+        return units.parse_amount(text)
+    except ValueError as error:
+        raise UsageError(f"{option}: {error}") from None
+
+
+_told: set[str] = set()
+
+
+def deprecated(old: str, new: str) -> None:
+    """One line, once per kernel, under the cell that uses an old spelling: what it is now written as."""
+    if old in _told:
+        return
+    _told.add(old)
+    print(f"gpumem: {old} still works but is an old spelling; write {new} (said once)", file=sys.stderr)
 
 
 def parse_path(option: str, text: str | None) -> Path | None:
@@ -154,12 +186,24 @@ def parse_path(option: str, text: str | None) -> Path | None:
     return path
 
 
-def parse_devices(text: str) -> tuple[int, ...]:
-    """``'0,1'``, ``'cuda:1'`` -> device indices (a bad name is a UsageError)."""
+def parse_device_option(text: str | None, default: str = "cuda") -> DeviceSelection:
+    """Any command's ``--device`` (:func:`gpumem.core.devices.parse_devices`); a bad name is a UsageError."""
     try:
-        return parse_cuda_indices(text)
-    except ValueError:
-        raise UsageError(f"--device expects CUDA device indices such as 0 or 0,1 or cuda:1, not {text!r}") from None
+        return parse_devices(text, default=default)
+    except ValueError as error:
+        raise UsageError(f"--device: {error}") from None
+
+
+def parse_cuda_devices(text: str | None, source: MemorySource) -> tuple[int, ...] | None:
+    """``--device`` of a command that reports CUDA devices: their indices, checked against ``source`` (None:
+    every device in use); ``cpu`` and a bad name are UsageErrors."""
+    try:
+        devices = parse_device_option(text).cuda_indices()
+    except ValueError as error:
+        raise UsageError(f"--device: {error}") from None
+    if devices:
+        check_devices_exist(devices, source)
+    return devices
 
 
 def check_devices_exist(devices: tuple[int, ...], source: MemorySource) -> None:

@@ -22,15 +22,17 @@ from gpumem.core.cells import CellOptions
 from gpumem.core.sources import MemorySource
 from gpumem.core.trace import DEFAULT_MAX_ENTRIES
 from gpumem.ipython.arguments import (
+    DEVICE_HELP,
     UsageError,
     argument,
-    check_devices_exist,
+    deprecated,
     magic_arguments,
     parse_argstring,
-    parse_devices,
+    parse_cuda_devices,
 )
+from gpumem.ipython.cell_recorders import TraceRequest
 from gpumem.ipython.predict_cell import PredictRequest, parse_predict
-from gpumem.ipython.trace_cell import TraceRequest
+from gpumem.ipython.state import VARS_HELP, VARS_MODES, vars_attribute
 
 __all__ = ["CellRequest", "HeaderTransformer", "cell_usage", "parse_cell_options", "run_body", "split_cell_header"]
 
@@ -52,7 +54,8 @@ class CellRequest(NamedTuple):
     "-d",
     "--device",
     metavar="DEVICES",
-    help="CUDA devices to report and reset, e.g. '0' or '0,1' or 'cuda:1' (default: every device in use)",
+    help=f"the CUDA devices to report and reset: {DEVICE_HELP} (default: every device in use; host memory is always "
+    "reported)",
 )
 @argument("-q", "--quiet", action="store_true", help="record the cell in the history but show nothing")
 @argument(
@@ -63,7 +66,8 @@ class CellRequest(NamedTuple):
     "shown is then exact only if the counter rose during the cell, otherwise a sampled lower bound",
 )
 @argument("--top", type=int, metavar="N", help="show at most N variables (default: c.GpuMem.top_variables, 5)")
-@argument("--no-vars", action="store_true", help="do not look for the variables that hold GPU memory")
+@argument("--vars", choices=VARS_MODES, metavar="MODE", help=f"{VARS_HELP} (default always)")
+@argument("--no-vars", action="store_true", help="the old spelling of --vars never")
 @argument(
     "--trace",
     action="store_true",
@@ -132,19 +136,21 @@ def parse_cell_options(line: str, source: MemorySource) -> CellRequest:
     trace = None
     if args.trace or args.trace_entries is not None or args.trace_save:
         trace = TraceRequest(args.trace_entries or DEFAULT_MAX_ENTRIES, args.trace_save or None)
-    devices = parse_devices(args.device) if args.device else None
-    if devices:
-        check_devices_exist(devices, source)
+    devices = parse_cuda_devices(args.device, source)
+    if args.no_vars and args.vars not in (None, "never"):
+        raise UsageError(f"--no-vars is --vars never: it cannot go with --vars {args.vars}")
     options = CellOptions(
         devices=devices,
         keep_peaks=bool(args.keep_peaks),
-        attribute=not args.no_vars,
+        attribute=vars_attribute("never" if args.no_vars else args.vars or "always"),
         mode="magic",
         quiet=bool(args.quiet),
     )
     predict = parse_predict(args.predict, args.capacity, args.batch)
     if predict is not None and (trace is not None or args.profile):
         raise UsageError("--predict and --batch do not run the cell: they cannot be combined with --trace or --profile")
+    if args.no_vars:  # said once the line is accepted
+        deprecated("--no-vars", "--vars never")
     return CellRequest(options, args.top, trace, profile=bool(args.profile), predict=predict)
 
 
@@ -185,6 +191,26 @@ class HeaderTransformer:
     def __init__(self, source: MemorySource) -> None:
         self.source = source
         self._headers: dict[str, str] = {}  # the call line -> the user's header line it replaced
+        self._parsed: tuple[str, CellRequest | UsageError] | None = None  # this cell's header, parsed
+
+    def parse(self, arguments: str) -> CellRequest:
+        """The cell's ``%%gpumem`` arguments parsed (a UsageError when they are bad), once per cell: this
+        transformer, the pre-run hook and the header's call all ask, and the devices are checked once.
+        :meth:`forget` (when the cell ends) makes the next cell parse (and check the devices) again."""
+        parsed = self._parsed
+        if parsed is None or parsed[0] != arguments:
+            try:
+                parsed = (arguments, parse_cell_options(arguments, self.source))
+            except UsageError as error:
+                parsed = (arguments, error)
+            self._parsed = parsed
+        if isinstance(parsed[1], UsageError):
+            raise UsageError(str(parsed[1]))
+        return parsed[1]
+
+    def forget(self) -> None:
+        """The cell ended: its header is not the next one's (devices may appear once CUDA starts)."""
+        self._parsed = None
 
     def __call__(self, lines: list[str]) -> list[str]:
         if not lines or not lines[0].startswith("%%gpumem"):
@@ -194,7 +220,7 @@ class HeaderTransformer:
             return lines
         arguments = (match.group(1) or "").strip()
         try:
-            request = parse_cell_options(arguments, self.source)
+            request = self.parse(arguments)
         except UsageError:
             return lines
         if request.predict is not None:

@@ -72,8 +72,8 @@ def load(shell: Any) -> ExtensionState:
         unload(_loaded.state.shell)
     config = make_config(shell)
     state = ExtensionState(shell, default_monitor(), config)
-    hooks = CellHooks(state, oom=_explainer(shell))
-    header = HeaderTransformer(state.monitor.source)
+    header = HeaderTransformer(state.monitor.source)  # the one parser of %%gpumem headers, once per cell
+    hooks = CellHooks(state, header, oom=_explainer(shell))
     magics = GpuMemMagics(shell, state, hooks, header)
     shell.register_magics(magics)
     shell.input_transformers_cleanup.append(header)

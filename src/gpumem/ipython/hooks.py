@@ -17,9 +17,10 @@ from typing import Any, NamedTuple, TypeVar
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
 from gpumem.core.cuda_fault import fault_explanation, is_sticky_cuda_error, record_fault, take_untold
 from gpumem.core.session_io import SavedReport
-from gpumem.ipython import profile_cell, trace_cell
+from gpumem.core.units import Amount
+from gpumem.ipython import cell_recorders as recorders
 from gpumem.ipython.arguments import complain, display
-from gpumem.ipython.cell_magic import CellRequest, parse_cell_options, split_cell_header
+from gpumem.ipython.cell_magic import CellRequest, HeaderTransformer, split_cell_header
 from gpumem.ipython.oom import OomExplainer
 from gpumem.ipython.state import ExtensionState
 
@@ -48,8 +49,11 @@ _NOT_MEASURED = CellRequest(CellOptions(), None)
 class CellHooks:
     """The extension's one pair of cell hooks, and what the ``%%gpumem`` magic asks of the cell running."""
 
-    def __init__(self, state: ExtensionState, oom: OomExplainer | None = None) -> None:
+    def __init__(
+        self, state: ExtensionState, header: HeaderTransformer | None = None, oom: OomExplainer | None = None
+    ) -> None:
         self.state = state
+        self.header = header if header is not None else HeaderTransformer(state.monitor.source)  # parses headers
         self.oom = oom  # None where the out-of-memory explanation could not be set up
         self._stack: list[_Pending] = []
         self.reports: deque[SavedReport] = deque(maxlen=REPORTS_KEPT)  # shown under cells, oldest first
@@ -67,6 +71,8 @@ class CellHooks:
 
     def post_run_cell(self, result: Any) -> None:
         pending = self._pop(result)
+        if not self._stack:
+            self.header.forget()
         if pending is not None and pending.active is not None:
             try:
                 self._finish(pending, result)
@@ -96,8 +102,8 @@ class CellHooks:
     def close(self) -> None:
         """At unload: forget the cells in flight and stop the out-of-memory observer."""
         for pending in self._stack:
-            trace_cell.abandon(pending.trace)
-            profile_cell.abandon(pending.profile)
+            recorders.abandon(pending.trace)
+            recorders.abandon(pending.profile)
         self._stack.clear()
         if self.oom is not None:
             self.oom.close()
@@ -115,7 +121,7 @@ class CellHooks:
         header = split_cell_header(raw) if "%%gpumem" in raw[:200] else None
         if header is not None:
             try:
-                request = parse_cell_options(header[0], state.monitor.source)
+                request = self.header.parse(header[0])
                 body = header[1]
             except Exception:
                 request = None  # the %%gpumem magic itself reports the bad option, without running the body
@@ -134,9 +140,7 @@ class CellHooks:
         if request is None:  # automatic mode: no --trace, no --profile
             self._stack.append(_Pending(info, active, None))
             return
-        traced = trace_cell.start(request.trace)
-        profiler = profile_cell.start(request.profile)
-        self._stack.append(_Pending(info, active, request, traced, profiler))
+        self._stack.append(_Pending(info, active, request, **_recorders_started(request)))
 
     def _own_command(self, source: str) -> bool:
         """A cell of only ``%gpumem`` line magics: in automatic mode it would fill the history with gpumem's
@@ -167,11 +171,7 @@ class CellHooks:
         count = getattr(result, "execution_count", None)
         if pending.info is not None and not getattr(pending.info, "store_history", False):
             count = None
-        profiled = traced = None
-        if pending.profile is not None or pending.trace is not None:
-            # The profiler first: its own work stays out of the trace.
-            profiled = profile_cell.stop(pending.profile, count)
-            traced = trace_cell.stop(pending.trace)
+        recorded = _recorders_stopped(pending.trace, pending.profile, count)
         if result is None:
             error: BaseException | None = RuntimeError("the cell did not complete")
         else:
@@ -187,8 +187,13 @@ class CellHooks:
         )
         self.show(record, request)
         if request is not None:
-            self._keep("trace", count, trace_cell.show(traced, request.trace, self.state.shell, count, record.quiet))
-            self._keep("profile", count, profile_cell.show(profiled, record.quiet))
+            self._show_recorded(request, count, record.quiet, *recorded)
+
+    def _show_recorded(self, request: CellRequest, cell: int | None, quiet: bool, traced: Any, profiled: Any) -> None:
+        """The --trace and --profile reports under the cell (unless ``quiet``), each kept for an export."""
+        shell = self.state.shell
+        self._keep("trace", cell, recorders.show_trace(traced, request.trace, shell, cell, quiet))
+        self._keep("profile", cell, recorders.show_profile(profiled, quiet))
 
     def _keep(self, kind: str, cell: int | None, report: object) -> None:
         """Remember a report shown under a cell (as its text) so that an export holds it."""
@@ -218,9 +223,7 @@ class CellHooks:
             display(CellReport(record, request.top if request.top is not None else config.top_variables))
             return
         notable = (
-            bool(record.warnings)
-            or record.status == STATUS_OUT_OF_MEMORY
-            or record.largest_change_bytes() >= config.threshold_bytes
+            bool(record.warnings) or record.status == STATUS_OUT_OF_MEMORY or _changed_by(record, config.threshold)
         )
         if notable:
             from gpumem.core.cells.report import CellSummary
@@ -255,7 +258,7 @@ class CellHooks:
                 complain("could not start measuring this cell", error)
                 return
             outer = outer._replace(active=active)
-        self._stack[0] = outer._replace(request=request, **_extras_started(outer, request))
+        self._stack[0] = outer._replace(request=request, **_recorders_started(request, outer))
 
     def measure_body(self, request: CellRequest, body: str, run: Callable[[], _T]) -> _T:
         """``%%gpumem`` called as a function: ``run()`` the body, measured as asked.
@@ -276,8 +279,7 @@ class CellHooks:
         except (Exception, KeyboardInterrupt) as failure:
             complain("could not start measuring this cell", failure)
             return run()  # the user's code runs all the same
-        traced = trace_cell.start(request.trace)
-        profiler = profile_cell.start(request.profile)
+        started = _recorders_started(request)
         error: BaseException | None = None
         try:
             return run()
@@ -286,17 +288,14 @@ class CellHooks:
             raise
         finally:
             number = self.running_cell_number()
-            profiled = profile_cell.stop(profiler, number)  # first: the profiler's own work stays out of the trace
-            snapshot = trace_cell.stop(traced)
+            recorded = _recorders_stopped(started["trace"], started["profile"], number)
             self._finish_body(cell, error, request)
-            quiet = request.options.quiet
-            self._keep("trace", number, trace_cell.show(snapshot, request.trace, self.state.shell, number, quiet))
-            self._keep("profile", number, profile_cell.show(profiled, quiet))
+            self._show_recorded(request, number, request.options.quiet, *recorded)
 
     def _adopt(self, request: CellRequest) -> bool:
         for position, pending in enumerate(self._stack):
             if pending.active is not None:
-                self._stack[position] = pending._replace(request=request, **_extras_started(pending, request))
+                self._stack[position] = pending._replace(request=request, **_recorders_started(request, pending))
                 return True
         return False
 
@@ -310,6 +309,18 @@ class CellHooks:
             complain("could not finish measuring this cell", failure)
 
 
+def _changed_by(record: CellRecord, threshold: Amount) -> bool:
+    """Whether a figure of the cell moved by ``threshold``: a size, or a share of each device's own capacity."""
+    if threshold.nbytes is not None:
+        return record.largest_change_bytes() >= threshold.nbytes
+    for change in record.devices:
+        limit = threshold.of(change.total_bytes)
+        moved = max(abs(change.allocated_delta_bytes), abs(change.reserved_delta_bytes), change.peak_above_start_bytes)
+        if limit is not None and moved >= limit:
+            return True
+    return False
+
+
 def has_code(source: str) -> bool:
     """Whether a cell has a line of code: not only blank lines and comments (a cell that runs nothing
     is not measured: its figures would be the sampler's noise, and its history row a blank)."""
@@ -321,9 +332,15 @@ def _say_nothing_measured(request: CellRequest) -> None:
         print("%%gpumem: nothing measured (the cell has no code below the %%gpumem line)")
 
 
-def _extras_started(pending: _Pending, request: CellRequest) -> dict[str, Any]:
-    """The cell's --trace recorder and --profile profiler: those already running, else started as asked."""
+def _recorders_started(request: CellRequest, running: _Pending | None = None) -> dict[str, Any]:
+    """The cell's --trace recorder and --profile profiler: those already ``running``, else started as asked."""
     return {
-        "trace": pending.trace or trace_cell.start(request.trace),
-        "profile": pending.profile or profile_cell.start(request.profile),
+        "trace": (running and running.trace) or recorders.start_trace(request.trace),
+        "profile": (running and running.profile) or recorders.start_profile(request.profile),
     }
+
+
+def _recorders_stopped(trace: Any, profile: Any, cell: int | None) -> tuple[Any, Any]:
+    """``(snapshot, profile report)``: the profiler stops first, so that its own work stays out of the trace."""
+    profiled = recorders.stop_profile(profile, cell)
+    return recorders.stop_trace(trace), profiled

@@ -23,7 +23,7 @@ from IPython.core.magic import Magics
 
 from gpumem.ipython import predict_cell
 from gpumem.ipython.arguments import UsageError, did_you_mean, line_cell_magic, magics_class
-from gpumem.ipython.cell_magic import HeaderTransformer, cell_usage, parse_cell_options, run_body
+from gpumem.ipython.cell_magic import HeaderTransformer, cell_usage, run_body
 from gpumem.ipython.hooks import CellHooks
 from gpumem.ipython.memory_magics import magic_free, magic_who
 from gpumem.ipython.session_io_magics import magic_export, magic_load, magic_summary
@@ -165,7 +165,7 @@ class GpuMemMagics(Magics):
         name, rest = [*line.split(None, 1), "", ""][:2]
         if name == "_cell":  # a %%gpumem header line, rewritten by HeaderTransformer
             self.header.show_header_in_tracebacks(sys._getframe(1))  # noqa: SLF001 - the cell is up the stack
-            self.hooks.cell_header_reached(parse_cell_options(rest, self.state.monitor.source))
+            self.hooks.cell_header_reached(self.header.parse(rest))
             return None
         if name in _HELP:
             print(full_help())
@@ -188,7 +188,7 @@ class GpuMemMagics(Magics):
 
     def _measure_cell(self, line: str, body: str) -> Any:
         """``%%gpumem`` called as a function (under ``%%time``, or ``run_cell_magic``): run the body, measured."""
-        request = parse_cell_options(line, self.state.monitor.source)
+        request = self.header.parse(line)
         if request.predict is not None:
             predict_cell.show(self.shell, request.predict, body)
             return None

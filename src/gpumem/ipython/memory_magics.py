@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from gpumem.core.cleanup import free
-from gpumem.core.devices import parse_device
 from gpumem.core.holders import DEFAULT_MAX_DEPTH, find_holders, render_html, render_text
 from gpumem.core.monitor import default_monitor
 from gpumem.ipython.arguments import (
+    DEVICE_HELP,
     UsageError,
     argument,
     check_devices_exist,
     display,
     magic_arguments,
     parse_argstring,
+    parse_device_option,
 )
 
 __all__ = ["magic_free", "magic_who"]
@@ -23,12 +24,14 @@ _TOP_HOLDERS = 20
 
 
 def magic_who(shell: Any, line: str) -> None:
-    """%gpumem who [-d/--device cuda|cuda:N|cpu|all] [--all] [--depth N] [--cycles]
+    """%gpumem who [-d/--device DEVICE] [--all] [--depth N] [--cycles]
 
     List the names that keep tensor memory alive, largest first, storages counted once, with the
     references IPython itself keeps (output cache, last exception) and the command that frees them.
-    --all lists every holder instead of the top 20; --cycles also runs one garbage collection to find
-    (and free) tensors that only reference cycles keep alive.
+    DEVICE is whose tensors count: cuda (every CUDA device, the default), cuda:N or N, cpu or all.
+    --all lists every holder instead of the top 20; --depth N is how deep to look inside containers and
+    objects (default 5); --cycles also runs one garbage collection to find (and free) tensors that only
+    reference cycles keep alive.
     """
     try:
         options = _who_options(line)
@@ -43,7 +46,9 @@ def magic_who(shell: Any, line: str) -> None:
 
 # The options live on their own function so that the help above stays the hand-written summary.
 @magic_arguments("who")
-@argument("-d", "--device", default="cuda", help="cuda (every CUDA device), cuda:N or N, cpu or all")
+@argument(
+    "-d", "--device", default="cuda", metavar="DEVICE", help=f"{DEVICE_HELP}; one device or a kind (default cuda)"
+)
 @argument("--all", dest="show_all", action="store_true", help="list every holder, not only the top 20")
 @argument("--depth", type=int, default=DEFAULT_MAX_DEPTH, help="how deep to look inside containers/objects")
 @argument("--cycles", action="store_true", help="also find (and free) tensors kept only by reference cycles")
@@ -56,7 +61,10 @@ def _who_options(line: str) -> Any:
     options = parse_argstring(_who_arguments, line)
     if options.depth < 1:
         raise UsageError(f"--depth takes a whole number >= 1, got {options.depth}")
-    kind, index = parse_device(options.device)
+    try:
+        kind, index = parse_device_option(options.device).spec()
+    except ValueError as error:
+        raise UsageError(f"--device: {error}") from None
     if kind == "cuda" and index is not None:
         check_devices_exist((index,), default_monitor().source)  # the source find_holders reads
     return options

@@ -6,16 +6,18 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpumem.core.devices import parse_cuda_device as parse_device
 from gpumem.core.monitor import default_monitor
 from gpumem.ipython.arguments import (
+    DEVICE_HELP,
+    THRESHOLD_HELP,
     UsageError,
     argument,
     check_devices_exist,
+    deprecated,
     magic_arguments,
     parse_argstring,
 )
-from gpumem.panel.options import DEFAULT_RATE_HZ, parse_rate, parse_threshold, parse_window
+from gpumem.panel.options import DEFAULT_RATE_HZ, DEFAULT_THRESHOLD, is_bare_number, make_options
 from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
 
 if TYPE_CHECKING:
@@ -31,25 +33,27 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _panel_arguments(func: _F) -> _F:
+    """The panel's options as ``--`` options; unset ones take :func:`~gpumem.panel.options.make_options`' defaults."""
     for decorator in reversed(
         (
             argument(
                 "-w",
                 "--window",
-                default="10min",
                 help="time window: 1min, 10min, 1h, all, or any duration such as 30s or 2h (default 10min)",
             ),
-            argument("-d", "--device", default=None, help="CUDA device index such as 0 or cuda:1, or all (default)"),
+            argument(
+                "-d", "--device", metavar="DEVICE", help=f"the device to show: {DEVICE_HELP}; one, or all (default)"
+            ),
             argument(
                 "-t",
                 "--threshold",
-                default="90%",
-                help="fraction of capacity at which the header turns red: 0.9 or 90%% (default 90%%)",
+                metavar="AMOUNT",
+                help=f"where the header turns red: {THRESHOLD_HELP} (default {DEFAULT_THRESHOLD}%)",
             ),
             argument(
                 "-r",
                 "--rate",
-                default=str(DEFAULT_RATE_HZ),
+                metavar="HZ",
                 help=(
                     f"most updates per second sent to the browser, 0.2 to 10 (default {DEFAULT_RATE_HZ:g}); "
                     "never more than the window's samples: 1 a second for 10 min, 10 for 1 min"
@@ -64,24 +68,25 @@ def _panel_arguments(func: _F) -> _F:
 
 
 def _panel_options(args: Namespace) -> dict[str, Any]:
-    """Validated keyword arguments for Panel; a bad value is a one-line UsageError."""
+    """The options given (checked; the others keep their defaults); a bad value is a one-line UsageError."""
+    given = {
+        "window": args.window,
+        "device": args.device,
+        "threshold": args.threshold,
+        "rate_hz": args.rate,
+        "host": args.host or None,
+        "full_scale": args.full_scale or None,
+    }
+    given = {name: value for name, value in given.items() if value is not None}
     try:
-        return {
-            "window": parse_window(args.window),
-            "device": parse_device(args.device),
-            "threshold": parse_threshold(args.threshold),
-            "rate_hz": parse_rate(args.rate),
-            "host": bool(args.host),
-            "full_scale": bool(args.full_scale),
-        }
+        options = make_options(**given)
     except ValueError as error:
         raise UsageError(str(error)) from None
-
-
-def _check_device(options: dict[str, Any]) -> None:
-    """A device CUDA does not have is a usage error, as for %%gpumem (unknown until CUDA starts)."""
-    if options["device"] is not None:
-        check_devices_exist((options["device"],), default_monitor().source)  # the source the panel reads
+    if options.device is not None:  # a device CUDA does not have is a usage error, as for %%gpumem
+        check_devices_exist((options.device,), default_monitor().source)  # the source the panel reads
+    if "threshold" in given and is_bare_number(given["threshold"]):  # said once the line is accepted
+        deprecated(f"--threshold {given['threshold']}", f"--threshold {options.threshold}")
+    return given
 
 
 def _has_kernel(shell: Any) -> bool:
@@ -111,7 +116,6 @@ def magic_monitor(shell: Any, line: str) -> None:
         print(f"Closed {count} panel{'s' if count != 1 else ''}.")
         return
     options = _panel_options(args)
-    _check_device(options)
     if not _has_kernel(shell):
         print(_NO_KERNEL)
         return
@@ -130,12 +134,10 @@ def magic_sidebar(shell: Any, line: str) -> None:
     """
     args = parse_argstring(magic_sidebar, line)
     options = _panel_options(args)
-    _check_device(options)
     if not _has_kernel(shell):
         print(_NO_KERNEL)
         return
-    explicit = {key: value for key, value in options.items() if value != _DEFAULTS.get(key)}
-    panel = sidebar_panel(shell=shell, **explicit) if explicit else sidebar_panel()
+    panel = sidebar_panel(shell=shell, **options) if options else sidebar_panel()
     try:
         from gpumem.panel.frontend import show_sidebar
     except ImportError as error:
@@ -147,16 +149,6 @@ def magic_sidebar(shell: Any, line: str) -> None:
         _show_inline(
             panel, f"The sidebar could not be used ({type(error).__name__}: {error}); showing the panel inline."
         )
-
-
-_DEFAULTS: dict[str, Any] = {
-    "window": parse_window("10min"),
-    "device": None,
-    "threshold": parse_threshold("90%"),
-    "rate_hz": DEFAULT_RATE_HZ,
-    "host": False,
-    "full_scale": False,
-}
 
 
 def _show_inline(panel: Panel, note: str) -> None:

@@ -26,7 +26,7 @@ class PredictRequest(NamedTuple):
 
 def parse_predict(predict: bool, capacity: str | None, batch: str | None) -> PredictRequest | None:
     """The dry run asked for, or None (--capacity alone is refused: it only qualifies a dry run)."""
-    size = parse_size(capacity) if capacity is not None else None
+    size = parse_size(capacity, "--capacity") if capacity is not None else None
     if size is not None and size <= 0:
         raise UsageError(f"--capacity must be a positive size such as 24GiB, not {capacity!r}")
     span = None

@@ -23,13 +23,13 @@ from gpumem.core.session_io import (
 from gpumem.core.session_view import LoadedSession
 from gpumem.core.summary import SummaryUnavailableError, read_stats, summaries, write_stats_json
 from gpumem.ipython.arguments import (
+    DEVICE_HELP,
     UsageError,
     argument,
-    check_devices_exist,
     display,
     magic_arguments,
     parse_argstring,
-    parse_devices,
+    parse_cuda_devices,
     parse_path,
 )
 from gpumem.ipython.state import ExtensionState
@@ -38,7 +38,7 @@ __all__ = ["magic_export", "magic_load", "magic_summary"]
 
 
 @magic_arguments("gpumem summary")
-@argument("-d", "--device", metavar="DEVICES", help="CUDA devices, e.g. '0' or '0,1' (default: every one in use)")
+@argument("-d", "--device", metavar="DEVICES", help=f"the CUDA devices: {DEVICE_HELP} (default: every one in use)")
 @argument(
     "--json",
     metavar="PATH",
@@ -56,9 +56,7 @@ def magic_summary(state: ExtensionState, line: str) -> None:
     args = parse_argstring(magic_summary, line)
     source = state.monitor.source
     target = parse_path("--json", args.json)
-    devices = parse_devices(args.device) if args.device else tuple(source.cuda_devices())
-    if args.device:
-        check_devices_exist(devices, source)
+    devices = parse_cuda_devices(args.device, source) or tuple(source.cuda_devices())
     if not devices:
         try:
             read_stats(source, 0)  # says why there is no device to summarize

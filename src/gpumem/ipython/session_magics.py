@@ -3,7 +3,6 @@ state (its settings, cell tracker and monitor), which the magics pass in."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,15 +12,16 @@ from gpumem.core.cuda_fault import fault_for
 from gpumem.core.files import ForeignFileError
 from gpumem.core.units import format_bytes
 from gpumem.ipython.arguments import (
+    THRESHOLD_HELP,
     UsageError,
     argument,
     display,
     magic_arguments,
+    parse_amount,
     parse_argstring,
     parse_path,
-    parse_size,
 )
-from gpumem.ipython.state import ExtensionState
+from gpumem.ipython.state import VARS_HELP, VARS_MODES, ExtensionState
 
 __all__ = ["auto_mode_text", "magic_auto", "magic_history", "magic_status"]
 
@@ -37,16 +37,11 @@ __all__ = ["auto_mode_text", "magic_auto", "magic_history", "magic_status"]
 )
 @argument(
     "--threshold",
-    metavar="SIZE",
-    help="show a summary line under a cell whose memory changed by at least SIZE (e.g. 64MiB; default 64MiB)",
+    metavar="AMOUNT",
+    help=f"show a summary line under a cell whose memory changed by at least AMOUNT: {THRESHOLD_HELP}; a share "
+    "counts against each device's capacity (default 64MiB)",
 )
-@argument(
-    "--vars",
-    choices=("changed", "always", "never"),
-    metavar="MODE",
-    help="when to look for the variables holding GPU memory: changed (default: only after cells that changed "
-    "CUDA allocated memory by at least GpuMem.attribute_threshold_bytes), always (after every cell) or never",
-)
+@argument("--vars", choices=VARS_MODES, metavar="MODE", help=f"{VARS_HELP} (default changed)")
 @argument("--keep-peaks", action="store_true", help="leave PyTorch's peak counters alone (sampled peaks)")
 @argument("--reset-peaks", action="store_true", help="reset the peak counters at each cell start (exact peaks)")
 def magic_auto(state: ExtensionState, line: str) -> None:
@@ -54,14 +49,14 @@ def magic_auto(state: ExtensionState, line: str) -> None:
     a cell only when it changed memory by at least the threshold or has a warning. The default comes
     from the IPython config option c.GpuMem.auto.
     """
-    args = parse_argstring(magic_auto, _SPLIT_SIZE.sub(r"\1\2", line))
+    args = parse_argstring(magic_auto, line)
     config = state.config
     if args.keep_peaks and args.reset_peaks:
         raise UsageError("choose one of --keep-peaks and --reset-peaks")
     if args.threshold is not None:
-        config.threshold_bytes = parse_size(args.threshold)
+        config.threshold = parse_amount(args.threshold)
     if args.vars is not None:
-        config.attribute = args.vars
+        config.vars = args.vars
     if args.keep_peaks or args.reset_peaks:
         config.keep_peaks = bool(args.keep_peaks)
     if args.switch is not None:
@@ -69,26 +64,22 @@ def magic_auto(state: ExtensionState, line: str) -> None:
     print(auto_mode_text(state))
 
 
-# "--threshold 64 MiB" (number and unit as two words) means "--threshold 64MiB".
-_SPLIT_SIZE = re.compile(r"(--threshold(?:=|\s+)[0-9.eE]+)\s+([kKmMgGtT]i?[bB]?|[bB])(?=\s|$)")
-
-
 def auto_mode_text(state: ExtensionState) -> str:
     """Two short lines (a notebook wraps one long line mid-word): what is measured and shown, then how."""
     config = state.config
     if not config.auto:
         return "gpumem automatic mode is off (%gpumem auto on, or %%gpumem on one cell)."
-    peaks = (
-        "peaks sampled (lower bounds)" if config.keep_peaks else "peaks exact (reset per cell)"
-    )
+    peaks = "peaks sampled (lower bounds)" if config.keep_peaks else "peaks exact (reset per cell)"
     variables = {
         "changed": f"holders looked up after {format_bytes(config.attribute_threshold_bytes)}+ changes",
         "always": "holders looked up after every cell",
         "never": "holders not looked up",
-    }[config.attribute]
+    }[config.vars]
+    threshold = config.threshold
+    amount = f"{threshold}+" if threshold.nbytes is not None else f"{threshold}+ of a device's capacity"
     return (
         "gpumem automatic mode is on: every cell is measured (%gpumem history); a line shows under cells\n"
-        f"that change memory by {format_bytes(config.threshold_bytes)}+ or warn; {peaks}; {variables}."
+        f"that change memory by {amount} or warn; {peaks}; {variables}."
     )
 
 

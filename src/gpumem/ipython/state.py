@@ -9,18 +9,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from traitlets import Bool, Enum, Int, TraitError
+from traitlets import Bool, Enum, Int, TraitError, TraitType, observe
 from traitlets.config import Config, Configurable
 
 from gpumem.core.cells import CellOptions, CellTracker
-from gpumem.core.cells.patterns import STAIRCASE_MIN_BYTES
+from gpumem.core.cells.tracker import TRACKER_DEFAULTS
 from gpumem.core.monitor import Monitor
-from gpumem.core.units import MAX_SIZE_BYTES, MIB, parse_size
-from gpumem.ipython.arguments import complain
+from gpumem.core.units import AMOUNT_GRAMMAR, MAX_SIZE_BYTES, MIB, Amount, parse_amount, parse_size
+from gpumem.ipython.arguments import complain, deprecated
 
-__all__ = ["DEFAULT_TOP", "ExtensionState", "GpuMem"]
+__all__ = ["DEFAULT_TOP", "VARS_HELP", "VARS_MODES", "ExtensionState", "GpuMem", "vars_attribute"]
 
 DEFAULT_TOP = 5
+VARS_MODES = ("changed", "always", "never")  # --vars and GpuMem.vars: when to look for the variables holding memory
+VARS_HELP = (
+    "when to look for the variables holding GPU memory: changed (only after cells that changed CUDA allocated "
+    "memory by at least GpuMem.attribute_threshold_bytes), always (after every cell) or never"
+)
+_OLD_NAMES = {"threshold_bytes": "threshold", "attribute": "vars"}  # old setting -> its name now
+
+
+def vars_attribute(mode: str) -> bool | None:
+    """A ``--vars`` mode as :class:`~gpumem.core.cells.CellOptions`' ``attribute`` (None: only after a change)."""
+    return {"changed": None, "always": True, "never": False}[mode]
 
 
 class ByteSize(Int):  # type: ignore[type-arg]
@@ -43,56 +54,89 @@ class ByteSize(Int):  # type: ignore[type-arg]
         return s  # validate() reads it, so that "64MiB" works on a command line too
 
 
+class MemoryAmount(TraitType):  # type: ignore[type-arg]
+    """A size (``"64MiB"``, or a number of bytes) or a share of a device's capacity (``"5%"``): an
+    :class:`~gpumem.core.units.Amount`, read by :func:`~gpumem.core.units.parse_amount` like every ``--threshold``."""
+
+    info_text = AMOUNT_GRAMMAR
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if isinstance(value, Amount):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            value = str(value)
+        if isinstance(value, str):
+            try:
+                return parse_amount(value)
+            except ValueError as error:
+                raise TraitError(f"{self.name}: {error}") from None
+        return self.error(obj, value)
+
+    def from_string(self, s: str) -> Any:
+        return s
+
+
+def _tracked(name: str, minimum: int, text: str, kind: type[Int] = ByteSize) -> Any:  # type: ignore[type-arg]
+    """A setting of the cell tracker's (its default is the tracker's, :data:`TRACKER_DEFAULTS`), which a change
+    at run time reaches (:meth:`ExtensionState.config_changed`); byte settings also take a size such as '64MiB'."""
+    sizes = " A number of bytes or a size such as '64MiB'." if kind is ByteSize else ""
+    return kind(TRACKER_DEFAULTS[name], min=minimum, help=text + sizes).tag(config=True)
+
+
 class GpuMem(Configurable):
     """gpumem settings, e.g. ``c.GpuMem.auto = True`` in ipython_config.py; ``%config GpuMem`` lists them."""
 
     auto = Bool(False, help="Measure every cell (automatic mode) from the start.").tag(config=True)
-    threshold_bytes = Int(
-        64 * MIB,
-        min=0,
-        help="Automatic mode: show a summary line under a cell whose memory changed by at least this many bytes.",
+    threshold = MemoryAmount(
+        Amount(nbytes=64 * MIB),
+        help="Automatic mode: show a summary line under a cell whose memory changed by at least this much: a size "
+        "such as '64MiB', or a share of the device's capacity such as '5%' (%gpumem auto --threshold).",
     ).tag(config=True)
-    attribute = Enum(
-        ("changed", "always", "never"),
+    vars = Enum(
+        VARS_MODES,
         "changed",
         help="Automatic mode: when to look for the variables holding GPU memory (a namespace walk). "
-        "'changed': only after cells that changed CUDA allocated memory by attribute_threshold_bytes.",
+        "'changed': only after cells that changed CUDA allocated memory by attribute_threshold_bytes "
+        "(%gpumem auto --vars).",
     ).tag(config=True)
-    attribute_threshold_bytes = Int(
-        MIB, min=0, help="Automatic mode: the allocated-memory change that triggers a variable inspection."
-    ).tag(config=True)
+    threshold_bytes = ByteSize(None, allow_none=True, help="The old name of threshold; still read.").tag(config=True)
+    attribute = Enum(VARS_MODES, None, allow_none=True, help="The old name of vars; still read.").tag(config=True)
+    attribute_threshold_bytes = _tracked(
+        "attribute_threshold_bytes", 0, "Automatic mode: the allocated-memory change that makes it look for variables."
+    )
     keep_peaks = Bool(
         False,
         help="Automatic mode: do not reset PyTorch's peak counters at each cell start (peaks become sampled "
         "lower bounds; torch.cuda.max_memory_allocated() keeps covering the whole session).",
     ).tag(config=True)
     top_variables = Int(DEFAULT_TOP, min=0, help="Variables listed per cell.").tag(config=True)
-    history_size = Int(10_000, min=1, help="Measured cells kept in the history (oldest dropped first).").tag(
-        config=True
+    history_size = _tracked("history_size", 1, "Measured cells kept in the history (oldest dropped first).", Int)
+    leak_runs = _tracked("leak_runs", 2, "Runs of the same cell, each growing alike, before a leak warning.", Int)
+    leak_min_bytes = _tracked("leak_min_bytes", 1, "Smallest per-run growth that counts towards a leak warning.")
+    host_leak_min_bytes = _tracked(
+        "host_leak_min_bytes",
+        1,
+        "Smallest per-run growth of host memory (RSS) that counts towards a leak warning; RSS moves by a few MiB on "
+        "its own.",
     )
-    leak_runs = Int(3, min=2, help="Runs of the same cell, each growing memory alike, before a leak warning.").tag(
-        config=True
+    pattern_min_bytes = _tracked(
+        "pattern_min_bytes", 1, "Smallest growth inside a cell (a staircase) or of kept gradients that is reported."
     )
-    leak_min_bytes = Int(MIB, min=1, help="Smallest per-run growth that counts towards a leak warning.").tag(
-        config=True
-    )
-    host_leak_min_bytes = ByteSize(
-        32 * MIB,
-        min=1,
-        help="Smallest per-run growth of host memory (RSS) that counts towards a leak warning; RSS moves by a few "
-        "MiB on its own. A number of bytes or a size such as '64MiB'.",
-    ).tag(config=True)
-    pattern_min_bytes = ByteSize(
-        STAIRCASE_MIN_BYTES,
-        min=1,
-        help="Smallest growth inside a cell (a staircase) or of kept gradients that is reported. A number of bytes "
-        "or a size such as '64MiB'.",
-    ).tag(config=True)
     record_own_commands = Bool(
         False,
         help="Automatic mode: also measure and record cells that are only %gpumem line magics (status, history, "
         "who...); by default they stay out of the history. %%gpumem cells are always recorded.",
     ).tag(config=True)
+
+    @observe(*_OLD_NAMES)
+    def _old_name_set(self, change: Any) -> None:
+        """An old name still works: it sets the setting's name now (with a note, once), and is emptied."""
+        if change["new"] is None:
+            return
+        new = _OLD_NAMES[change["name"]]
+        deprecated(f"GpuMem.{change['name']}", f"GpuMem.{new}")
+        setattr(self, new, change["new"])
+        setattr(self, change["name"], None)
 
 
 _SECTION = GpuMem.__name__  # the configuration section: c.GpuMem.*
@@ -130,15 +174,7 @@ class ExtensionState:
         self.shell = shell
         self.monitor = monitor
         self.config = config
-        self.tracker = CellTracker(
-            monitor,
-            history_size=config.history_size,
-            leak_runs=config.leak_runs,
-            leak_min_bytes=config.leak_min_bytes,
-            attribute_threshold_bytes=config.attribute_threshold_bytes,
-            host_leak_min_bytes=config.host_leak_min_bytes,
-            pattern_min_bytes=config.pattern_min_bytes,
-        )
+        self.tracker = CellTracker(monitor, **{name: getattr(config, name) for name in TRACKER_DEFAULTS})
         self._unload_callbacks: list[Callable[[], None]] = []
         self._auto_options: CellOptions | None = None  # built from the settings; dropped when one changes
 
@@ -167,15 +203,7 @@ class ExtensionState:
         name, value = change["name"], change["new"]
         self._auto_options = None
         self._keep_setting(name, value)
-        if name == "history_size":
-            self.tracker.history_size = value
-        elif name in (
-            "leak_runs",
-            "leak_min_bytes",
-            "attribute_threshold_bytes",
-            "host_leak_min_bytes",
-            "pattern_min_bytes",
-        ):
+        if name in TRACKER_DEFAULTS:
             setattr(self.tracker, name, value)
         if name == "auto":
             if value:
@@ -187,11 +215,17 @@ class ExtensionState:
         """Write a setting made at run time into the session's configuration.
 
         ``%reload_ext gpumem`` builds the settings from the shell's configuration, so it keeps the
-        change; and a later ``%config`` (which reloads every configured value) does not undo it.
+        change; and a later ``%config`` (which reloads every configured value) does not undo it. An old
+        name is kept as its name now, which replaces the old name there (it would set it back at a reload).
         """
         for config in (getattr(self.shell, "config", None), self.config.config):
             if isinstance(config, Config):
-                config[_SECTION][name] = value
+                section = config[_SECTION]
+                for old, new in _OLD_NAMES.items():
+                    if name in (old, new):
+                        section.pop(old, None)
+                if name not in _OLD_NAMES:
+                    section[name] = value
 
     def warm_up(self) -> None:
         """Start sampling now so that opening NVML and psutil happens off the first measured cell."""
@@ -202,7 +236,7 @@ class ExtensionState:
         them: :meth:`config_changed` sees every one, ``%gpumem auto``'s and ``%config``'s alike)."""
         options = self._auto_options
         if options is None:
-            attribute = {"changed": None, "always": True, "never": False}[self.config.attribute]
+            attribute = vars_attribute(self.config.vars)
             options = CellOptions(keep_peaks=self.config.keep_peaks, attribute=attribute, mode="auto")
             self._auto_options = options
         return options

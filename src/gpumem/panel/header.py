@@ -15,7 +15,7 @@ from gpumem.core.allocator_backend import native_allocator
 from gpumem.core.cuda_fault import cuda_faults, status_text
 from gpumem.core.peaks import RunningPeak
 from gpumem.core.sources import DeviceInfo, Snapshot
-from gpumem.core.units import format_bytes
+from gpumem.core.units import Amount, format_bytes
 from gpumem.panel.readings import capacities_of, device_indices
 
 __all__ = ["RECORDING_SPAN", "DeviceFigures", "HeaderModel", "HostFigures", "build_header", "render_header"]
@@ -268,10 +268,11 @@ def _card(label: str, value: str, tip: str, css: str = "", sub: str = "", note: 
     )
 
 
-def _bar(figures: DeviceFigures, threshold: float, alert: bool) -> str:
+def _bar(figures: DeviceFigures, threshold: Amount, alert: bool) -> str:
     """A capacity bar: allocated, then reserved, then the rest of device used, with the threshold tick."""
     total = figures.total_bytes
-    if not total:
+    share = threshold.share_of(total)
+    if not total or share is None:
         return ""
     allocated = figures.allocated_bytes or 0
     reserved = max(figures.reserved_bytes or 0, allocated)
@@ -284,14 +285,15 @@ def _bar(figures: DeviceFigures, threshold: float, alert: bool) -> str:
     )
     return (
         f'<div class="gm-bar{" gm-alert" if alert else ""}">{segments}'
-        f'<span class="gm-tick" style="left:{100 * threshold:.1f}%" title="threshold {100 * threshold:.0f}%">'
+        f'<span class="gm-tick" style="left:{100 * min(share, 1):.1f}%" title="threshold {_label(threshold)}">'
         "</span></div>"
     )
 
 
-def render_header(model: HeaderModel, threshold: float) -> tuple[str, bool]:
-    """The header's HTML (classes styled by the panel's stylesheet) and whether any device is over threshold."""
-    alert = any((f.capacity_fraction or 0) >= threshold for f in model.devices)
+def render_header(model: HeaderModel, threshold: Amount) -> tuple[str, bool]:
+    """The header's HTML (classes styled by the panel's stylesheet) and whether any device is over threshold
+    (a share of its capacity, or a size: each device's own capacity says which share that is)."""
+    alert = any(_over(f, threshold) for f in model.devices)
     parts: list[str] = ['<div class="gm-header">']
     if len(model.devices) == 1:
         parts.append(_render_single(model, model.devices[0], threshold))
@@ -347,11 +349,23 @@ def _device_title(figures: DeviceFigures) -> str:
     return f"cuda:{figures.device}{name}{total}"
 
 
-def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: float) -> str:
+def _over(figures: DeviceFigures, threshold: Amount) -> bool:
+    fraction, share = figures.capacity_fraction, threshold.share_of(figures.total_bytes)
+    return fraction is not None and share is not None and fraction >= share
+
+
+def _label(threshold: Amount) -> str:
+    """``'90 %'``, ``'70.0 GiB'``."""
+    if threshold.nbytes is not None:
+        return format_bytes(threshold.nbytes)
+    return f"{100 * (threshold.fraction or 0):.0f} %"
+
+
+def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: Amount) -> str:
     fraction = figures.capacity_fraction
-    alert = fraction is not None and fraction >= threshold
+    alert = _over(figures, threshold)
     percent = "n/a" if fraction is None else f"{100 * fraction:.1f} %"
-    state = f"over the {100 * threshold:.0f} % threshold" if alert else f"threshold {100 * threshold:.0f} %"
+    state = f"over the {_label(threshold)} threshold" if alert else f"threshold {_label(threshold)}"
     basis = "device used" if figures.used_bytes is not None else "reserved"
     cards = [
         _card("allocated", _size(figures.allocated_bytes), "Memory held by live PyTorch tensors.", "gm-c-a"),
@@ -391,7 +405,7 @@ def _render_single(model: HeaderModel, figures: DeviceFigures, threshold: float)
     )
 
 
-def _render_table(model: HeaderModel, threshold: float) -> str:
+def _render_table(model: HeaderModel, threshold: Amount) -> str:
     devices = model.devices
     peak, cached = _peak_label(model), "cached, unallocated"
     titles = ("device", "allocated", "reserved", "device used", "of capacity", peak, cached)
@@ -400,7 +414,7 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
     rows: list[str] = []
     for f in devices:
         fraction = f.capacity_fraction
-        alert = fraction is not None and fraction >= threshold
+        alert = _over(f, threshold)
         name = f" {html.escape(f.name)}" if f.name else ""
         cells = (
             f'<td title="{html.escape(_device_title(f))}">cuda:{f.device}<span class="gm-dim">{name}</span></td>',
@@ -417,6 +431,6 @@ def _render_table(model: HeaderModel, threshold: float) -> str:
         )
         rows.append(f'<tr class="{"gm-row-alert" if alert else ""}">{"".join(cells)}</tr>')
     return (
-        f'<div class="gm-title">{len(devices)} CUDA devices · threshold {100 * threshold:.0f} %</div>'
+        f'<div class="gm-title">{len(devices)} CUDA devices · threshold {_label(threshold)}</div>'
         f'<div class="gm-scroll"><table class="gm-table"><tr>{head}</tr>{"".join(rows)}</table></div>'
     )

@@ -1,7 +1,9 @@
 """What one panel shows and how often it may send: :class:`PanelOptions`, its defaults and its parsers.
 
-The parsers take what ``%gpumem monitor`` and ``Panel(...)`` take and raise ``ValueError`` with one
-line that says what is accepted. The device is parsed by :func:`gpumem.core.devices.parse_cuda_device`.
+The options are spelled once, here: :func:`make_options`' keyword arguments are ``Panel(...)``'s and
+``%gpumem monitor``'s (each option there is its ``--`` form). The parsers raise ``ValueError`` with one line
+that says what is accepted; the device and the threshold use the grammar of every command
+(:func:`gpumem.core.devices.parse_devices`, :func:`gpumem.core.units.parse_amount`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import math
 import re
 from typing import NamedTuple
 
-from gpumem.core.devices import parse_cuda_device
+from gpumem.core.devices import parse_devices
+from gpumem.core.units import Amount, parse_amount
 
 __all__ = [
     "COMPACT_FIGURE_HEIGHT_PX",
@@ -36,6 +39,7 @@ __all__ = [
     "PLOT_MARGIN_TOP_PX",
     "WINDOW_PRESETS",
     "PanelOptions",
+    "is_bare_number",
     "make_options",
     "parse_rate",
     "parse_threshold",
@@ -52,7 +56,7 @@ WINDOW_PRESETS: tuple[tuple[str, float | None], ...] = (
 )
 DEFAULT_WINDOW_S = 600.0
 MIN_WINDOW_S = 5.0
-DEFAULT_THRESHOLD = 0.9
+DEFAULT_THRESHOLD = Amount(fraction=0.9)
 # Curves and header are pushed at most this often, and never faster than the panel's samples come (once a
 # second for the default 10 minutes, twice for 1 minute); bqplot re-sends and redraws whole lines each time.
 DEFAULT_RATE_HZ = 2.0
@@ -90,7 +94,7 @@ class PanelOptions(NamedTuple):
 
     window_s: float | None = DEFAULT_WINDOW_S  # None: all history the timeline holds
     device: int | None = None  # None: every device
-    threshold: float = DEFAULT_THRESHOLD  # fraction of capacity at which the header turns red
+    threshold: Amount = DEFAULT_THRESHOLD  # the use (a size, or a share of capacity) at which the header turns red
     rate_hz: float = DEFAULT_RATE_HZ
     show_host: bool = False
     full_scale: bool = False  # y axis up to the device capacity (the host's RAM when only the host is plotted)
@@ -104,18 +108,20 @@ def make_options(
     *,
     window: str | float | None = DEFAULT_WINDOW_S,
     device: str | int | None = None,
-    threshold: str | float = DEFAULT_THRESHOLD,
+    threshold: str | float | Amount = DEFAULT_THRESHOLD,
     rate_hz: str | float = DEFAULT_RATE_HZ,
     host: bool = False,
     full_scale: bool = False,
     points_per_line: int = DEFAULT_POINTS_PER_LINE,
 ) -> PanelOptions:
-    """``Panel(...)``'s keyword arguments, checked and parsed."""
+    """``Panel(...)``'s keyword arguments, checked and parsed: ``window`` (``'10min'``, seconds, ``'all'``),
+    ``device`` (``'cuda:1'``, ``1``, ``'all'``), ``threshold`` (``'80%'``, ``'70GiB'``, or a fraction such as 0.8),
+    ``rate_hz`` (updates per second), ``host`` (also plot host RSS), ``full_scale`` (y axis up to the capacity)."""
     if isinstance(points_per_line, bool) or not isinstance(points_per_line, int):
         raise TypeError(f"points_per_line must be a whole number between 4 and 2000, not {points_per_line!r}")
     options = PanelOptions(
         window_s=parse_window(window),
-        device=parse_cuda_device(device),
+        device=parse_devices(device, default="all").one_cuda(),
         threshold=parse_threshold(threshold),
         rate_hz=parse_rate(rate_hz),
         show_host=bool(host),
@@ -166,19 +172,34 @@ def window_label(window_s: float | None) -> str:
     return f"{window_s:g} s"
 
 
-def parse_threshold(value: str | float) -> float:
-    """``0.9``, ``'90%'`` or ``90`` -> 0.9: the fraction of capacity that turns the header red."""
-    text = str(value).strip()
-    percent = text.endswith("%")
-    try:
-        number = float(text.rstrip("%").strip())
-    except ValueError:
-        raise ValueError(f"threshold must be a fraction (0.9) or a percentage (90%), not {value!r}") from None
-    if percent or number > 1:
-        number /= 100
-    if not (math.isfinite(number) and 0 < number <= 1):
+def parse_threshold(value: str | float | Amount) -> Amount:
+    """``'80%'`` or ``'70GiB'`` (:func:`~gpumem.core.units.parse_amount`), or a fraction such as ``0.8`` -> the use
+    at which the header turns red. Text that is a bare number keeps its old meaning: ``'0.9'`` and ``'90'`` are 90%."""
+    if isinstance(value, Amount):
+        amount = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        amount = Amount(fraction=float(value))
+    elif is_bare_number(str(value)):
+        number = float(value)
+        amount = Amount(fraction=number / 100 if number > 1 else number)
+    else:
+        try:
+            amount = parse_amount(str(value))
+        except ValueError as error:
+            raise ValueError(f"threshold: {error}") from None
+    if amount.fraction is not None and not (math.isfinite(amount.fraction) and 0 < amount.fraction <= 1):
         raise ValueError(f"threshold must be between 0 and 100%, not {value!r}")
-    return number
+    if amount.nbytes is not None and amount.nbytes <= 0:
+        raise ValueError(f"threshold must be a positive size such as 70GiB, not {value!r}")
+    return amount
+
+
+_BARE_NUMBER = re.compile(r"\s*[0-9]*\.?[0-9]+\s*", re.ASCII)
+
+
+def is_bare_number(text: str) -> bool:
+    """A number with neither unit nor ``%``: the panel's threshold as it was once written (``0.9``, ``90``)."""
+    return _BARE_NUMBER.fullmatch(text) is not None
 
 
 def parse_rate(value: str | float) -> float:

@@ -52,10 +52,6 @@ from gpumem.panel.header import build_header, render_header
 from gpumem.panel.options import (
     COMPACT_PLOT_HEIGHT_PX,
     COMPACT_PLOT_WIDTH_PX,
-    DEFAULT_POINTS_PER_LINE,
-    DEFAULT_RATE_HZ,
-    DEFAULT_THRESHOLD,
-    DEFAULT_WINDOW_S,
     PanelOptions,
     make_options,
 )
@@ -95,32 +91,24 @@ class Panel(PanelView):
     """Live GPU memory: curves per device, a header of current figures, and a Free button.
 
     ``Panel()`` in a notebook cell (or ``%gpumem monitor``) shows it. Every panel reads the shared
-    monitor, so several panels cost one sampler; ``close()`` releases what the panel holds. ``window``,
-    ``device``, ``threshold`` and ``rate_hz`` take what ``%gpumem monitor`` takes; ``compact`` suits
-    a narrow sidebar; ``autostart=False`` leaves the sampler to the caller (tests sample by hand).
+    monitor, so several panels cost one sampler; ``close()`` releases what the panel holds. The keyword
+    arguments ``window``, ``device``, ``threshold``, ``rate_hz``, ``host``, ``full_scale`` and
+    ``points_per_line`` are :func:`gpumem.panel.options.make_options`' (what ``%gpumem monitor`` takes);
+    ``compact`` suits a narrow sidebar; ``autostart=False`` leaves the sampler to the caller (tests sample by hand).
     """
 
     def __init__(
         self,
         monitor: Monitor | None = None,
         *,
-        window: str | float | None = DEFAULT_WINDOW_S,
-        device: str | int | None = None,
-        threshold: str | float = DEFAULT_THRESHOLD,
-        rate_hz: str | float = DEFAULT_RATE_HZ,
-        host: bool = False,
-        full_scale: bool = False,
-        points_per_line: int = DEFAULT_POINTS_PER_LINE,
         autostart: bool = True,
         compact: bool = False,
         shell: Any = None,
+        **settings: Any,
     ) -> None:
         if monitor is not None and not isinstance(monitor, Monitor):
             raise TypeError(f"Panel(monitor=...) takes a gpumem.Monitor, not {type(monitor).__name__}")
-        options = make_options(
-            window=window, device=device, threshold=threshold, rate_hz=rate_hz, host=host,
-            full_scale=full_scale, points_per_line=points_per_line,
-        )  # fmt: skip
+        options = make_options(**settings)
         if compact:
             options = options._replace(plot_width_px=COMPACT_PLOT_WIDTH_PX, plot_height_px=COMPACT_PLOT_HEIGHT_PX)
         super().__init__(options, compact)

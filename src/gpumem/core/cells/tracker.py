@@ -54,7 +54,18 @@ from gpumem.core.sources import Snapshot
 from gpumem.core.spans import Stretch
 from gpumem.core.units import MIB
 
-__all__ = ["ActiveCell", "CellTracker", "cuda_note"]
+__all__ = ["TRACKER_DEFAULTS", "ActiveCell", "CellTracker", "cuda_note"]
+
+# The tracker's settings a user may change while it runs (each is an attribute of the tracker, and a
+# c.GpuMem setting of the same name), with their defaults: spelled here once.
+TRACKER_DEFAULTS: dict[str, int] = {
+    "history_size": 10_000,
+    "leak_runs": 3,
+    "leak_min_bytes": MIB,
+    "attribute_threshold_bytes": MIB,
+    "host_leak_min_bytes": 32 * MIB,  # host RSS moves by a few MiB on its own
+    "pattern_min_bytes": STAIRCASE_MIN_BYTES,  # staircases and kept gradients smaller than this go unsaid
+}
 
 
 class ActiveCell(Stretch):
@@ -83,16 +94,16 @@ class CellTracker:
         self,
         monitor: Monitor,
         *,
-        history_size: int = 10_000,
-        leak_runs: int = 3,
-        leak_min_bytes: int = MIB,
+        history_size: int = TRACKER_DEFAULTS["history_size"],
+        leak_runs: int = TRACKER_DEFAULTS["leak_runs"],
+        leak_min_bytes: int = TRACKER_DEFAULTS["leak_min_bytes"],
         leak_tolerance: float = 0.25,
-        attribute_threshold_bytes: int = MIB,
+        attribute_threshold_bytes: int = TRACKER_DEFAULTS["attribute_threshold_bytes"],
         holder_finder: HolderFinder | None = None,
         start_sampler: bool = True,
         capacity_fraction: float = 0.9,
-        host_leak_min_bytes: int = 32 * MIB,
-        pattern_min_bytes: int = STAIRCASE_MIN_BYTES,
+        host_leak_min_bytes: int = TRACKER_DEFAULTS["host_leak_min_bytes"],
+        pattern_min_bytes: int = TRACKER_DEFAULTS["pattern_min_bytes"],
     ) -> None:
         self.monitor = monitor
         self.leak_runs = leak_runs
@@ -100,8 +111,8 @@ class CellTracker:
         self.leak_tolerance = leak_tolerance
         self.attribute_threshold_bytes = attribute_threshold_bytes
         self.capacity_fraction = capacity_fraction
-        self.host_leak_min_bytes = host_leak_min_bytes  # host RSS moves by a few MiB on its own
-        self.pattern_min_bytes = pattern_min_bytes  # staircases and kept gradients smaller than this go unsaid
+        self.host_leak_min_bytes = host_leak_min_bytes
+        self.pattern_min_bytes = pattern_min_bytes
         self._attribution = VariableAttribution(holder_finder if holder_finder is not None else holders_walk(monitor))
         self.start_sampler = start_sampler
         self.started_sampler = False  # holds a claim on the monitor's sampler
