@@ -191,6 +191,7 @@ def _promise(spec: _Spec, source: Any, *, keep: bool) -> tuple[Promise, dict[Any
         kept_by=released.shared_with,
         kept_bytes=sum(released.shared.values()),
         note=note,
+        host_bytes=sum(n for key, n in released.freed.items() if not key[0].startswith("cuda")),
     )
     return result, refs
 

@@ -60,6 +60,7 @@ class Promise(NamedTuple):
     kept_by: tuple[str, ...] = ()
     kept_bytes: int = 0  # storages reached by the action but held by something else too (not promised)
     note: str = ""
+    host_bytes: int = 0  # of ``storage_bytes``, the storages in host memory (no allocator counts them)
 
     @property
     def allocated_bytes(self) -> int:
@@ -72,21 +73,23 @@ class Promise(NamedTuple):
     def button_text(self) -> str:
         """The action and what it returns, for a button: "Release Out[3]: 1.0 GiB"."""
         nbytes = self.reserved_bytes if self.action == CACHE else self.allocated_bytes
-        if not self.devices:
-            nbytes = self.storage_bytes
+        if not nbytes and self.action != CACHE:
+            nbytes = self.host_bytes  # host tensors only: what the action frees is theirs
         bound = "" if self.exact else "up to "
         return f"{self.label}: {bound}{format_bytes(nbytes)}"
 
     def describe(self) -> str:
         """The promise in one line: to the allocator, to the device, and what is not promised and why."""
         bound = "" if self.exact else "at most "
+        text = ""
         if self.devices:
             text = (
                 f"returns {bound}{format_bytes(self.allocated_bytes)} to the allocator and "
                 f"{bound}{format_bytes(self.reserved_bytes)} to the device"
             )
-        else:
-            text = f"releases {bound}{format_bytes(self.storage_bytes)} of tensor storage"
+        if self.host_bytes or not self.devices:
+            host = f"releases {bound}{format_bytes(self.host_bytes)} of host tensor storage"
+            text = f"{text}; {host}" if self.devices else host
         if self.kept_bytes:
             text += f"; {format_bytes(self.kept_bytes)} stays, also held by {', '.join(self.kept_by[:3])}"
         return f"{text}; {self.note}" if self.note else text
@@ -119,7 +122,7 @@ class Outcome(NamedTuple):
         if self.error:
             return False
         promise = self.promise
-        if not promise.devices and not self.before:
+        if not promise.devices:  # no CUDA in use: the storages are the measure
             return self.storages_alive == 0
         if promise.exact:
             return (self.allocated_freed_bytes, self.reserved_freed_bytes) == (
@@ -141,6 +144,8 @@ class Outcome(NamedTuple):
                 f"another holder appeared: {self.storages_alive} of the storages "
                 f"({format_bytes(self.alive_bytes)}) are still held"
             )
+        if not promise.devices:
+            return "; ".join(reasons)
         allocated_gap = self.allocated_freed_bytes - promise.allocated_bytes
         reserved_gap = self.reserved_freed_bytes - promise.reserved_bytes
         if not reasons and allocated_gap < 0:
@@ -160,19 +165,21 @@ class Outcome(NamedTuple):
         """The result in one line: measured figures, then whether the promise was kept."""
         if self.error and not self.before:
             return f"{self.promise.label} failed: {self.error}"
-        measured = (
-            f"{format_bytes(self.allocated_freed_bytes)} back to the allocator, "
-            f"{format_bytes(self.reserved_freed_bytes)} to the device"
-            if self.before
-            else f"{self.storages_freed} storage{'' if self.storages_freed == 1 else 's'} freed"
-        )
+        storages = f"{self.storages_freed} storage{'' if self.storages_freed == 1 else 's'} freed"
+        measured = storages
+        if self.promise.devices:
+            measured = (
+                f"{format_bytes(self.allocated_freed_bytes)} back to the allocator, "
+                f"{format_bytes(self.reserved_freed_bytes)} to the device"
+            )
+            measured += f", {storages}" if self.promise.host_bytes else ""
         verdict = "as promised" if self.kept else f"promised {_promised(self.promise)}: {self.reason()}"
         return f"{self.promise.label}: {measured} ({self.elapsed_s:.2f} s), {verdict}"
 
 
 def _promised(promise: Promise) -> str:
     if not promise.devices:
-        return format_bytes(promise.storage_bytes)
+        return format_bytes(promise.host_bytes)
     return f"{format_bytes(promise.allocated_bytes)} / {format_bytes(promise.reserved_bytes)}"
 
 
