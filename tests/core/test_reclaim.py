@@ -189,6 +189,15 @@ def test_releasing_out_frees_exactly_the_promised_storage(ip: Any) -> None:
     assert any(f"Out[{number}]" in item for item in outcome.released)
 
 
+def test_outputs_without_tensors_are_left_in_out(ip: Any) -> None:
+    cell(ip, "import torch")
+    text = cell(ip, "'some text'").execution_count
+    number = cell(ip, f"torch.ones({FLOATS})").execution_count
+    outcome = perform(OUTPUTS, ShellReferences(ip), FakeSource())
+    assert outcome.promise.label == f"Release Out[{number}]"
+    assert ip.user_ns["Out"][text] == "some text" and number not in ip.user_ns["Out"]
+
+
 def test_out_also_bound_to_a_name_promises_nothing_and_names_the_holder(ip: Any) -> None:
     cell(ip, "import torch")
     number = cell(ip, f"torch.ones({FLOATS})").execution_count

@@ -99,7 +99,9 @@ def build_holders(report: Any, promises: list[Any], device: str) -> HoldersModel
     rows = [HolderLine(r.name, r.type_name, r.nbytes, r.shared_bytes) for r in (*report.holders, *report.hidden)]
     rows.sort(key=lambda row: (-row.nbytes, row.name))
     kinds = tuple((kind.kind, kind.nbytes) for kind in report.kinds if kind.nbytes > 0)
-    actions = tuple(ActionLine(p.action, p.button_text(), p.describe()) for p in promises)
+    # An action that would return nothing and that nothing else blocks is no choice worth a button.
+    shown = [p for p in promises if p.allocated_bytes or p.reserved_bytes or p.host_bytes or p.kept_bytes]
+    actions = tuple(ActionLine(p.action, p.button_text(), p.describe()) for p in shown)
     names = tuple(row.name for row in report.holders if row.nbytes or row.shared_bytes)
     note = "; ".join(report.truncation) if report.truncated else ""
     return HoldersModel(kinds, tuple(row for row in rows if row.nbytes or row.shared_bytes), actions, names,
@@ -127,8 +129,8 @@ def render_holders(model: HoldersModel, expanded: bool) -> str:
     rows = model.rows if expanded else model.rows[:TOP_ROWS]
     if rows:
         body = "".join(
-            f'<tr><td class="gm-hname">{html.escape(row.name)}</td><td class="gm-dim">{html.escape(row.type_name)}'
-            f'</td><td class="gm-num">{format_bytes(row.nbytes)}</td></tr>'
+            f'<tr><td class="gm-hname" title="{html.escape(row.type_name)}">{html.escape(row.name)}</td>'
+            f'<td class="gm-num">{format_bytes(row.nbytes)}</td></tr>'
             for row in rows
         )
         parts.append(
@@ -143,8 +145,8 @@ def render_holders(model: HoldersModel, expanded: bool) -> str:
 
 _STYLE_EXTRA = (
     ".gpumem-panel .gm-holders{table-layout:fixed}"
-    ".gpumem-panel .gm-holders td{overflow:hidden;text-overflow:ellipsis}"
-    ".gpumem-panel .gm-holders .gm-hname{width:45%}.gpumem-panel .gm-holders .gm-num{text-align:right;width:30%}"
+    ".gpumem-panel .gm-holders .gm-hname{overflow-wrap:anywhere;white-space:normal}"
+    ".gpumem-panel .gm-holders .gm-num{text-align:right;width:7em}.gpumem-panel .gm-holders{max-width:36em}"
     ".gpumem-panel .gm-kinds{margin-left:0}"
     ".gpumem-panel .gm-reclaim .widget-button{width:auto;max-width:100%;height:auto;min-height:28px;"
     "white-space:normal;line-height:1.3;text-align:left}"
@@ -165,7 +167,10 @@ class HoldersPane(widgets.VBox):  # type: ignore[misc]
         self.more = widgets.ToggleButton(value=False, description="more", tooltip="Show every holder",
                                          layout=widgets.Layout(width="auto", display="none"))  # fmt: skip
         self.buttons = [widgets.Button(layout=widgets.Layout(**auto, display="none")) for _ in range(ACTION_SLOTS)]
-        self.names = widgets.Dropdown(options=[], description="", layout=widgets.Layout(width="auto", max_width="60%"))
+        self.names = widgets.Dropdown(
+            options=[], description="name", tooltip="The name to unbind", style={"description_width": "initial"},
+            layout=widgets.Layout(width="auto", max_width="70%"),
+        )  # fmt: skip
         self.unbind = widgets.Button(description="Unbind…", tooltip="Delete the chosen name (asks first)",
                                      layout=widgets.Layout(**auto))  # fmt: skip
         self.confirm_text = widgets.HTML("")
@@ -206,7 +211,9 @@ class HoldersPane(widgets.VBox):  # type: ignore[misc]
                 button.description, button.tooltip, button.disabled = line.text, line.tooltip, False
             button.layout.display = "flex"
         if tuple(self.names.options) != model.names:
-            self.names.options = list(model.names)
+            with self.names.hold_sync():
+                self.names.options = list(model.names)
+                self.names.value = model.names[0] if model.names else None
         self.unbind_box.layout.display = "flex" if model.names else "none"
 
     def show_running(self, label: str) -> None:

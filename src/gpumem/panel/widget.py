@@ -156,7 +156,7 @@ class Panel(PanelView):
         self._held = ShellReferences(self._shell) if self._shell is not None else None
         self._walker = FreeWorker()
         self._reclaim = FreeWorker()
-        self._cells_seen = getattr(self._shell, "execution_count", None)
+        self._cells_seen: object = None  # the execution count last walked after (None: walk once the cell ends)
         self._connect()
         # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
         self._route = route_widget_tree(self)

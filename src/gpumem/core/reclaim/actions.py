@@ -60,7 +60,7 @@ def available_actions(held: HeldReferences) -> list[str]:
     """The actions that can apply now: outputs and the exception when IPython keeps any, a gradients action per
     model whose parameters have gradients, workspaces and cache once CUDA is initialized, in that order."""
     found: list[str] = []
-    if any(name.startswith("Out[") or name in ("_", "__", "___") for name, _ in held.output_roots()):
+    if any(reached_storages([root])[0] for root in held.output_roots()):
         found.append(OUTPUTS)
     if held.exception_roots():
         found.append(EXCEPTION)
@@ -146,10 +146,13 @@ def _spec(action: str, held: HeldReferences) -> _Spec:
 def _outputs_spec(
     held: HeldReferences, users: list[RootObjects], outputs: list[RootObjects], exception: list[RootObjects]
 ) -> _Spec:
-    """Every output-cache reference; while a cell runs only ``Out[N]`` / ``_N`` (the aliases stay, as holders)."""
+    """The output-cache references that reach tensors; while a cell runs only ``Out[N]`` / ``_N`` (the aliases
+    stay, as holders)."""
     aliases = not held.cell_running()
-    targets = [root for root in outputs if aliases or root[0].startswith("Out[")]
-    kept = [root for root in outputs if root not in targets]
+    # Only the entries that reach tensor memory: a result without tensors stays in Out (as in free(deep=True)).
+    holding = [root for root in outputs if reached_storages([root])[0]]
+    targets = [root for root in holding if aliases or root[0].startswith("Out[")]
+    kept = [root for root in holding if root not in targets]
     names = [name for name, _ in targets]
     label = "Release Out[…]" if not names else f"Release {_names_text(names)}"
     return _Spec(OUTPUTS, label, targets, users + kept + exception, (),
