@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# The fixture that makes the servers load gpumem's front-end extension (the sidebar needs it), and the drag
+# of the sidebar's split handle a user would do.
+from test_sidebar_browser import _resize_right_sidebar, labextension  # noqa: F401
+
 from _harness import (
     JupyterServer,
     artifacts_path,
@@ -149,3 +153,41 @@ def test_holders_in_notebook7(notebook_server: JupyterServer, browser_page: Page
     page.locator(PANEL).first.wait_for(state="visible")
     _release_out_without_typing(page)
     page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "holders_notebook7.png"))
+
+
+# The docked holders view at a width: no sideways scroll, no text cut or past the edges, every button inside.
+_SIDEBAR_FITS_JS = """() => {
+    const sidebar = document.querySelector('#gpumem-sidebar');
+    const pane = sidebar.querySelector('.gm-holders-pane');
+    const view = sidebar.getBoundingClientRect();
+    const all = [pane, ...pane.querySelectorAll('*')].filter(e => e.getBoundingClientRect().width > 0);
+    const name = e => `${e.tagName.toLowerCase()} "${(e.textContent || '').trim().slice(0, 30)}"`;
+    const scrollers = all.filter(e => e.scrollWidth > e.clientWidth + 1 &&
+        ['auto', 'scroll', 'hidden'].includes(getComputedStyle(e).overflowX)).map(name);
+    const outside = all.filter(e => { const r = e.getBoundingClientRect();
+        return r.left < view.left - 0.5 || r.right > view.right + 0.5; }).map(name);
+    return {width: view.width, scrollers, outside};
+}"""
+
+
+@pytest.mark.usefixtures("labextension")
+def test_holders_in_the_sidebar(jupyter_server: JupyterServer, browser_page: Page) -> None:
+    page = browser_page
+    jupyter_server.make_notebook("holders_sidebar.ipynb", [""])
+    open_notebook(page, jupyter_server, "holders_sidebar.ipynb")
+    run_cell(page, "%load_ext gpumem")
+    run_cell(page, SETUP)
+    run_cell(page, "%gpumem sidebar")
+    selector = "#gpumem-sidebar .gpumem-panel"
+    page.locator(selector).first.wait_for(state="visible")
+    _wait_for(lambda: page.locator(f"{selector} .gm-reclaim button", has_text="Release Out[").count(), 30,
+              "the docked Release Out button", page)  # fmt: skip
+    for width in (250, 350):
+        _resize_right_sidebar(page, width)
+        page.wait_for_timeout(500)
+        fits = page.evaluate(_SIDEBAR_FITS_JS)
+        assert abs(fits["width"] - width) < 1 and not fits["scrollers"] and not fits["outside"], fits
+        save_screenshot(page, f"holders_sidebar_{width}px")
+    page.locator(f"{selector} .gm-reclaim button", has_text="Release Out[").first.click()
+    _wait_for(lambda: "as promised" in page.locator(f"{selector} .gm-holders-pane .gm-msg").first.inner_text(), 15,
+              "the docked release's result", page)  # fmt: skip
