@@ -35,7 +35,7 @@ pytestmark = pytest.mark.browser
 
 PANEL = ".gpumem-panel"
 BUTTONS = f"{PANEL} .gm-reclaim button"
-RESULT = f"{PANEL} .gm-holders-pane .gm-msg"
+RESULT = f"{PANEL} .gm-holders-pane .gm-result"
 SETUP = (
     "import torch\n"
     "model = torch.nn.Linear(1000, 1000)\n"
@@ -189,5 +189,5 @@ def test_holders_in_the_sidebar(jupyter_server: JupyterServer, browser_page: Pag
         assert abs(fits["width"] - width) < 1 and not fits["scrollers"] and not fits["outside"], fits
         save_screenshot(page, f"holders_sidebar_{width}px")
     page.locator(f"{selector} .gm-reclaim button", has_text="Release Out[").first.click()
-    _wait_for(lambda: "as promised" in page.locator(f"{selector} .gm-holders-pane .gm-msg").first.inner_text(), 15,
+    _wait_for(lambda: "as promised" in page.locator(f"{selector} .gm-holders-pane .gm-result").first.inner_text(), 15,
               "the docked release's result", page)  # fmt: skip

@@ -147,7 +147,7 @@ _STYLE_EXTRA = (
     ".gpumem-panel .gm-holders{table-layout:fixed}"
     ".gpumem-panel .gm-holders .gm-hname{overflow-wrap:anywhere;white-space:normal}"
     ".gpumem-panel .gm-holders .gm-num{text-align:right;width:7em}.gpumem-panel .gm-holders{max-width:36em}"
-    ".gpumem-panel .gm-kinds{margin-left:0}"
+    ".gpumem-panel .gm-kinds{margin-left:0}.gpumem-panel .gm-result{font-size:12px;min-height:18px;padding:2px 0}"
     ".gpumem-panel .gm-reclaim .widget-button{width:auto;max-width:100%;height:auto;min-height:28px;"
     "white-space:normal;line-height:1.3;text-align:left}"
 )
@@ -179,7 +179,7 @@ class HoldersPane(widgets.VBox):  # type: ignore[misc]
         self.confirm_row = widgets.VBox(
             [self.confirm_text, widgets.HBox([self.confirm, self.cancel])], layout=widgets.Layout(display="none")
         )
-        self.result = widgets.HTML('<div class="gm-msg" role="status" aria-live="polite"></div>')
+        self.result = widgets.HTML('<div class="gm-result" role="status" aria-live="polite"></div>')
         wrap = {"flex_flow": "row wrap", "align_items": "center", "width": "100%"}
         self.actions_box = widgets.HBox(self.buttons, layout=widgets.Layout(**wrap))
         self.actions_box.add_class("gm-reclaim")
@@ -219,15 +219,17 @@ class HoldersPane(widgets.VBox):  # type: ignore[misc]
     def show_running(self, label: str) -> None:
         for button in self.buttons:
             button.disabled = True
-        self.result.value = f'<div class="gm-msg" role="status" aria-live="polite">{html.escape(label)}…</div>'
+        self.result.value = f'<div class="gm-result" role="status" aria-live="polite">{html.escape(label)}…</div>'
 
     def show_outcome(self, outcome: Outcome) -> None:
         css = "gm-ok" if outcome.kept else "gm-err"
         text = html.escape(outcome.describe())
-        self.result.value = f'<div class="gm-msg {css}" role="status" aria-live="polite">{text}</div>'
+        self.result.value = f'<div class="gm-result {css}" role="status" aria-live="polite">{text}</div>'
         for button in self.buttons:
             button.disabled = False
 
     def show_confirmation(self, text: str | None) -> None:
-        self.confirm_text.value = "" if text is None else f'<div class="gm-msg" role="alert">{html.escape(text)}</div>'
+        self.confirm_text.value = (
+            "" if text is None else f'<div class="gm-result" role="alert">{html.escape(text)}</div>'
+        )
         self.confirm_row.layout.display = "none" if text is None else "flex"

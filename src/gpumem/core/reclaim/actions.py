@@ -71,11 +71,10 @@ def available_actions(held: HeldReferences) -> list[str]:
 
 
 def promise(action: str, held: HeldReferences, source: Any = None) -> Promise:
-    """What ``action`` will return now, before it runs. Raises LookupError for an action that cannot apply."""
-    with free_lock:
-        spec = _spec(action, held)
-        result, refs = _promise(spec, _source(source), keep=False)
-    expired(refs)
+    """What ``action`` will return now, before it runs. Raises LookupError for an action that cannot apply.
+
+    It only reads (no lock: a Free or an action clicked meanwhile is not kept waiting by a walk)."""
+    result, _ = _promise(_spec(action, held), _source(source), keep=False)
     return result
 
 
