@@ -29,6 +29,7 @@ class OomFigures(NamedTuple):
     allowed_bytes: int | None = None  # the process's cap (set_per_process_memory_fraction), when one is set
 
 
+
 _UNIT_BYTES = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
 _SIZE = r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB)"  # torch writes sizes up to 1 KiB as "N bytes"
 _PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {

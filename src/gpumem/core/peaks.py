@@ -312,7 +312,7 @@ class RunningPeak:
 
     @property
     def why_not_exact(self) -> str:
-        """ "" when exact; ``"reset"``, ``"kept"`` (see :func:`kept_counter_exact`) or ``"no counter"``."""
+        """"" when exact; ``"reset"``, ``"kept"`` (see :func:`kept_counter_exact`) or ``"no counter"``."""
         if self._counter_start is None or self._counter_last is None:
             return "no counter"
         end = self._counter_peak if self._counter_peak is not None else self._counter_last

@@ -78,7 +78,9 @@ def auto_mode_text(state: ExtensionState) -> str:
     config = state.config
     if not config.auto:
         return "gpumem automatic mode is off (%gpumem auto on, or %%gpumem on one cell)."
-    peaks = "peaks sampled (lower bounds)" if config.keep_peaks else "peaks exact (reset per cell)"
+    peaks = (
+        "peaks sampled (lower bounds)" if config.keep_peaks else "peaks exact (reset per cell)"
+    )
     variables = {
         "changed": f"holders looked up after {format_bytes(config.attribute_threshold_bytes)}+ changes",
         "always": "holders looked up after every cell",

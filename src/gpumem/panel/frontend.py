@@ -106,7 +106,6 @@ _AT_LEAST_TO_COMPARE = 2
 # Panel model id -> the inline wrapper last displayed for it (closed when replaced).
 _inline_wrappers: dict[str, Any] = {}
 
-
 def sidebar_bundle(panel_model_id: str, inline_model_id: str | None = None) -> dict[str, Any]:
     """The mime bundle of a ``%gpumem sidebar`` output (``inline_model_id`` defaults to the panel's)."""
     return {

@@ -126,10 +126,8 @@ def _device_notes(snapshot: Snapshot, indices: Sequence[int], status: Mapping[st
     nvml_reason = _reason(status, "nvml")
     faults = cuda_faults()
     if faults:  # a sticky CUDA error: PyTorch's figures stay frozen until the kernel restarts
-        return [
-            _sentence("CUDA error: " + "; ".join(status_text(fault) for fault in faults.values()))
-            + " Device used (NVML) and host memory are still read."
-        ]
+        return [_sentence("CUDA error: " + "; ".join(status_text(fault) for fault in faults.values()))
+                + " Device used (NVML) and host memory are still read."]
     if not indices:
         return [_sentence(f"No CUDA device is in use: {torch_reason or 'no GPU is visible to this process'}")]
     if not snapshot.allocator:

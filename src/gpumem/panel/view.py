@@ -124,6 +124,7 @@ class ControlValues(NamedTuple):
     full_scale: bool
 
 
+
 class PanelView(widgets.VBox):  # type: ignore[misc]
     """The panel's widget tree; the ``show_*`` methods are called on the writer thread only."""
 

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, cast
 
 from gpumem.core.monitor import Monitor, default_monitor
-from gpumem.core.reclaim import UNBIND, ShellReferences, perform
 from gpumem.core.sources import Snapshot
 from gpumem.panel.commands import (
     AskConfirm,
@@ -54,7 +53,6 @@ from gpumem.panel.curves import (
 )
 from gpumem.panel.freeing import FreeOutcome, FreeWorker, free_message, run_free
 from gpumem.panel.header import build_header, render_header
-from gpumem.panel.holders import HoldersPane, compute_holders, unbind_question
 from gpumem.panel.options import (
     COMPACT_PLOT_HEIGHT_PX,
     COMPACT_PLOT_WIDTH_PX,
@@ -66,6 +64,7 @@ from gpumem.panel.options import (
     make_options,
 )
 from gpumem.panel.readings import PeaksSinceOpen, Readings, SampleBeat, SamplerClaim, device_indices
+from gpumem.panel.reclaiming import HoldersControl
 from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
 from gpumem.panel.views import ViewCount, sending_page
@@ -151,12 +150,10 @@ class Panel(PanelView):
         self._last_header_key: tuple[Any, ...] | None = None
         self._status_cache: tuple[tuple[bool, int], float, dict[str, str]] | None = None  # key, when, status
         self._error: str | None = None
-        self._holders = HoldersPane()
+        # Who holds the memory and the actions that free it, walked on demand and after a cell ends while shown.
+        self._control = HoldersControl(self._shell, lambda: self._monitor.source, self._post)
+        self._holders = self._control.pane
         self.children = (*self.children, self._holders)  # type: ignore[has-type]
-        self._held = ShellReferences(self._shell) if self._shell is not None else None
-        self._walker = FreeWorker()
-        self._reclaim = FreeWorker()
-        self._cells_seen: object = None  # the execution count last walked after (None: walk once the cell ends)
         self._connect()
         # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
         self._route = route_widget_tree(self)
@@ -176,14 +173,6 @@ class Panel(PanelView):
         for control in self.control_widgets():
             control.observe(lambda _change: self._post(ReadControls()), names="value")
         self.observe(self._on_views, names="_view_count")
-        pane = self._holders
-        pane.refresh_button.on_click(lambda _b: self.refresh_holders())
-        pane.more.observe(lambda _change: self._post(HoldersDone(pane.model)), names="value")
-        for index, button in enumerate(pane.buttons):
-            button.on_click(lambda _b, i=index: self.reclaim(pane.actions_for[i], wait=False))
-        pane.unbind.on_click(lambda _b: self._ask_unbind(pane.names.value))
-        pane.confirm.on_click(lambda _b: self.reclaim(f"{UNBIND}:{pane.names.value}", wait=False))
-        pane.cancel.on_click(lambda _b: self._post(AskConfirm("")))
 
     # Public API ---------------------------------------------------------------------------------
     @property
@@ -219,7 +208,9 @@ class Panel(PanelView):
 
     def free(self, deep: bool = False, *, wait: bool = True, timeout_s: float = 120.0) -> FreeOutcome | None:
         """Run Free on a worker thread (as the button does); with ``wait``, return its outcome."""
-        thread, started = self._free.start(self._free_worker, deep, announce=lambda: self._post(FreeStarted(deep)))
+        thread, started = self._free.start(
+            self._free_worker, deep, announce=lambda: self._post(FreeStarted(deep))
+        )
         if not wait:
             if not started:
                 self._post(Notify("Free is already running.", None))
@@ -229,23 +220,11 @@ class Panel(PanelView):
 
     def refresh_holders(self, *, wait: bool = False, timeout_s: float = 60.0) -> None:
         """Walk the session again (holders, and what each action would return) on a worker thread."""
-        thread, _ = self._walker.start(lambda _: self._holders_worker(), False, announce=lambda: None)
-        if wait:
-            thread.join(timeout_s)
+        self._control.refresh(wait=wait, timeout_s=timeout_s)
 
     def reclaim(self, action: str, *, wait: bool = True, timeout_s: float = 120.0) -> Any:
         """Run one reclaim action (:mod:`gpumem.core.reclaim`) as its button does; with ``wait``, its outcome."""
-        if not action or self._held is None:
-            return None
-        thread, started = self._reclaim.start(
-            lambda _: self._reclaim_worker(action), False, announce=lambda: self._post(ReclaimStarted(action))
-        )
-        if not started:
-            self._post(Notify("An action is already running.", None))
-        if not wait:
-            return None
-        thread.join(timeout_s)
-        return self._reclaim.last
+        return self._control.reclaim(action, wait=wait, timeout_s=timeout_s)
 
     def close(self) -> None:
         """Remove the panel: its widgets, its share of the sampler, and the writer when it was the last."""
@@ -261,8 +240,7 @@ class Panel(PanelView):
         self._monitor.sampler.remove_listener(self._on_sample)
         self._claim.give_back()
         self._free.join(10.0)
-        self._reclaim.join(10.0)
-        self._walker.join(10.0)
+        self._control.join(10.0)
         self.close_parts()
         super().close()
         route = getattr(self, "_route", None)
@@ -303,23 +281,6 @@ class Panel(PanelView):
         self._free.last = outcome
         self._post(FreeDone(outcome))
 
-    def _holders_worker(self) -> None:
-        self._post(HoldersDone(compute_holders(self._held, self._shell, self._monitor.source)))
-
-    def _reclaim_worker(self, action: str) -> None:
-        outcome = perform(action, cast("ShellReferences", self._held), self._monitor.source)
-        self._reclaim.last = outcome  # type: ignore[assignment]
-        self._post(ReclaimDone(outcome))
-        self._holders_worker()  # what holds memory now, and the actions' new figures
-
-    def _ask_unbind(self, name: Any) -> None:
-        """Price unbinding ``name`` on a worker thread, then ask: the confirmation says what else holds it."""
-        if isinstance(name, str) and self._held is not None:
-            held, source = self._held, self._monitor.source
-            self._walker.start(
-                lambda _: self._post(AskConfirm(unbind_question(name, held, source))), False, lambda: None
-            )
-
     def _acquire(self) -> None:
         if not self._closed:
             self._claim.take()
@@ -355,7 +316,7 @@ class Panel(PanelView):
         while self._commands:
             command = self._commands.popleft()
             self._HANDLERS[type(command)](self, command)
-        self._after_cells()
+        self._control.after_cells(self._views.visible(time.monotonic()))
         force = force or bool(self._refreshed)
         if force:
             self._status_cache = None  # asked for now: everything read afresh
@@ -393,28 +354,10 @@ class Panel(PanelView):
         self.show_free_done(*free_message(command.outcome))
         self._schedule.invalidate()
 
-    def _after_cells(self) -> None:
-        """After a cell ended (the execution count moved, none runs), walk again if the panel is shown."""
-        count = getattr(self._shell, "execution_count", None)
-        if count == self._cells_seen or self._held is None or self._held.cell_running():
-            return
-        if self._views.visible(time.monotonic()):
-            self._cells_seen = count
-            self.refresh_holders()
-
-    def _on_holders_done(self, command: HoldersDone) -> None:
-        self._holders.show_model(command.model)
-
-    def _on_ask_confirm(self, command: AskConfirm) -> None:
-        self._holders.show_confirmation(command.text or None)
-
-    def _on_reclaim_started(self, command: ReclaimStarted) -> None:
-        self._holders.show_confirmation(None)
-        self._holders.show_running(command.label)
-
-    def _on_reclaim_done(self, command: ReclaimDone) -> None:
-        self._holders.show_outcome(command.outcome)
-        self._schedule.invalidate()
+    def _on_holders(self, command: Command) -> None:
+        self._control.on_command(command)
+        if isinstance(command, ReclaimDone):
+            self._schedule.invalidate()
 
     def _on_notify(self, command: Notify) -> None:
         self.show_message(command.text, command.ok)
@@ -445,10 +388,10 @@ class Panel(PanelView):
         FreeStarted: _on_free_started,
         FreeDone: _on_free_done,
         Notify: _on_notify,
-        HoldersDone: _on_holders_done,
-        AskConfirm: _on_ask_confirm,
-        ReclaimStarted: _on_reclaim_started,
-        ReclaimDone: _on_reclaim_done,
+        HoldersDone: _on_holders,
+        AskConfirm: _on_holders,
+        ReclaimStarted: _on_holders,
+        ReclaimDone: _on_holders,
         TogglePause: _on_toggle_pause,
         ResetPeak: _on_reset_peak,
         ReadControls: _on_read_controls,

@@ -279,10 +279,8 @@ class CellTracker:
         )
         warnings += staircases
         faults = cuda_faults()
-        note = (
-            frozen_note(faults)
-            if faults and fault is None
-            else cuda_note(options.devices, devices, end, self.monitor.status)
+        note = frozen_note(faults) if faults and fault is None else cuda_note(
+            options.devices, devices, end, self.monitor.status
         )
         with self._lock:
             self._count += 1

@@ -43,7 +43,9 @@ class DeviceFilter(NamedTuple):
         return kind if index is None else f"{kind}:{index}"
 
 
-def storage_keys(tensor: Any, devices: DeviceFilter, tensor_type: type, depth: int = 0) -> list[tuple[StorageKey, int]]:
+def storage_keys(
+    tensor: Any, devices: DeviceFilter, tensor_type: type, depth: int = 0
+) -> list[tuple[StorageKey, int]]:
     """``(key, nbytes)`` of every storage behind ``tensor`` on a wanted device (sparse parts, subclass inners)."""
     try:
         device = tensor.device
