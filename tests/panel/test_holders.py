@@ -149,3 +149,24 @@ def test_an_action_clicked_while_a_cell_runs_is_answered_within_a_second(ip: Any
     clicker.join()
     assert answered and answered[0] < 1.0, answered
     assert ip.user_ns["model"].weight.grad is None
+
+
+def test_a_measured_cells_report_is_one_pick_away(ip: Any) -> None:
+    from _harness import gpumem_loaded
+
+    with gpumem_loaded(ip):
+        cell(ip, f"%%gpumem\nimport torch\nkept = torch.ones({FLOATS})")
+        panel = Panel(autostart=False, shell=ip)
+        panel._views.changed("page-1", 0, 1)
+        cell(ip, "%%gpumem\nsmall = 1")
+        choice = panel._cells.choice
+        _wait_until(lambda: panel.refresh() and len(choice.options) >= 3)
+        labels = [label for label, _ in choice.options]
+        assert labels[1].startswith("[") and "small = 1" in labels[1] and "import torch  host +" in labels[2]
+        choice.value = choice.options[2][1]
+        _wait_until(lambda: panel.refresh() and "import torch" in panel._cells.report.value)
+        assert "gpumem-report" in panel._cells.report.value
+    assert panel._cells.choice.options  # unloading closes the panel; the source is gone with the extension
+    from gpumem.panel.cell_source import cell_records
+
+    assert cell_records() == ()

@@ -25,6 +25,7 @@ __all__ = [
     "ReclaimStarted",
     "Refresh",
     "ResetPeak",
+    "ShowCell",
     "TogglePause",
     "ViewsChanged",
 ]
@@ -88,6 +89,13 @@ class Notify:
 
 
 @dataclass(frozen=True)
+class ShowCell:
+    """A measured cell was picked in the compact history: show its report."""
+
+    serial: Any
+
+
+@dataclass(frozen=True)
 class TogglePause:
     """Freeze the panel (sampling goes on), or resume and catch up."""
 
@@ -118,6 +126,7 @@ Command = (
     | Notify
     | TogglePause
     | ResetPeak
+    | ShowCell
     | ReadControls
     | ViewsChanged
 )

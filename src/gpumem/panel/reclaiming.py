@@ -67,14 +67,15 @@ class HoldersControl:
                 lambda _: self._post(AskConfirm(unbind_question(name, held, self._source()))), False, lambda: None
             )
 
-    def after_cells(self, visible: bool) -> None:
-        """After a cell ended (the execution count moved, none runs), walk again if the panel is shown."""
+    def after_cells(self, visible: bool) -> bool:
+        """After a cell ended (the execution count moved, none runs), walk again if the panel is shown;
+        True when it did."""
         count = getattr(self.shell, "execution_count", None)
-        if count == self._cells_seen or self.held is None or self.held.cell_running():
-            return
-        if visible:
-            self._cells_seen = count
-            self.refresh()
+        if count == self._cells_seen or self.held is None or self.held.cell_running() or not visible:
+            return False
+        self._cells_seen = count
+        self.refresh()
+        return True
 
     def join(self, timeout_s: float) -> None:
         self._actions.join(timeout_s)

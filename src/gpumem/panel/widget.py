@@ -27,6 +27,7 @@ from typing import Any, ClassVar, NamedTuple, cast
 
 from gpumem.core.monitor import Monitor, default_monitor
 from gpumem.core.sources import Snapshot
+from gpumem.panel.cells import CellsPane, cell_records
 from gpumem.panel.commands import (
     AskConfirm,
     Command,
@@ -39,6 +40,7 @@ from gpumem.panel.commands import (
     ReclaimStarted,
     Refresh,
     ResetPeak,
+    ShowCell,
     TogglePause,
     ViewsChanged,
 )
@@ -153,7 +155,8 @@ class Panel(PanelView):
         # Who holds the memory and the actions that free it, walked on demand and after a cell ends while shown.
         self._control = HoldersControl(self._shell, lambda: self._monitor.source, self._post)
         self._holders = self._control.pane
-        self.children = (*self.children, self._holders)  # type: ignore[has-type]
+        self._cells = CellsPane()  # the compact history of measured cells: pick one to read its report
+        self.children = (*self.children, self._holders, self._cells)  # type: ignore[has-type]
         self._connect()
         # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
         self._route = route_widget_tree(self)
@@ -173,6 +176,7 @@ class Panel(PanelView):
         for control in self.control_widgets():
             control.observe(lambda _change: self._post(ReadControls()), names="value")
         self.observe(self._on_views, names="_view_count")
+        self._cells.choice.observe(lambda change: self._post(ShowCell(change.get("new"))), names="value")
 
     # Public API ---------------------------------------------------------------------------------
     @property
@@ -316,7 +320,8 @@ class Panel(PanelView):
         while self._commands:
             command = self._commands.popleft()
             self._HANDLERS[type(command)](self, command)
-        self._control.after_cells(self._views.visible(time.monotonic()))
+        if self._control.after_cells(self._views.visible(time.monotonic())):
+            self._cells.show_records(cell_records())
         force = force or bool(self._refreshed)
         if force:
             self._status_cache = None  # asked for now: everything read afresh
@@ -359,6 +364,9 @@ class Panel(PanelView):
         if isinstance(command, ReclaimDone):
             self._schedule.invalidate()
 
+    def _on_show_cell(self, command: ShowCell) -> None:
+        self._cells.show_report(command.serial)
+
     def _on_notify(self, command: Notify) -> None:
         self.show_message(command.text, command.ok)
 
@@ -392,6 +400,7 @@ class Panel(PanelView):
         AskConfirm: _on_holders,
         ReclaimStarted: _on_holders,
         ReclaimDone: _on_holders,
+        ShowCell: _on_show_cell,
         TogglePause: _on_toggle_pause,
         ResetPeak: _on_reset_peak,
         ReadControls: _on_read_controls,
