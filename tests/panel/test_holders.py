@@ -170,3 +170,23 @@ def test_a_measured_cells_report_is_one_pick_away(ip: Any) -> None:
     from gpumem.panel.cell_source import cell_records
 
     assert cell_records() == ()
+
+
+def test_after_an_out_of_memory_error_the_panel_shows_the_explanation(ip: Any, monitor: Monitor) -> None:
+    from gpumem.core import oom
+    from gpumem.panel.cell_source import note_oom
+
+    message = "CUDA out of memory. Tried to allocate 1.50 GiB (GPU 0; 79.19 GiB total capacity)"
+    report = oom.explain(torch.OutOfMemoryError(message), source=FakeSource())
+    panel = Panel(monitor, autostart=False, shell=ip)
+    panel._views.changed("page-1", 0, 1)
+    try:
+        note_oom(report)
+        cell(ip, "x = 1")
+        _wait_until(lambda: panel.refresh() and "Out of memory" in panel._cells.oom.value)
+        assert "1.5 GiB" in _text(panel._cells.oom.value) and panel._cells.oom.layout.display == "block"
+        shown = panel._cells.oom.value
+        cell(ip, "y = 2")  # the same explanation is not drawn again
+        _wait_until(lambda: panel.refresh() and panel._cells.oom.value == shown)
+    finally:
+        note_oom(None)

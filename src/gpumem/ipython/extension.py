@@ -129,10 +129,11 @@ def unload(shell: Any) -> None:
 
 def _offer_cells_to_panels(state: ExtensionState) -> None:
     """The panels' compact history reads this session's measured cells (until unload)."""
-    from gpumem.panel.cell_source import set_cell_source
+    from gpumem.panel.cell_source import note_oom, set_cell_source
 
     set_cell_source(lambda: state.tracker.history)
     state.on_unload(lambda: set_cell_source(None))
+    state.on_unload(lambda: note_oom(None))
 
 
 def _explainer(shell: Any) -> OomExplainer | None:

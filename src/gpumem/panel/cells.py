@@ -1,5 +1,6 @@
 """The panel's compact history of measured cells: pick one to read its report in the panel.
 
+After an out-of-memory error the extension's explanation is shown here as well.
 The records come from the cell tracker the IPython extension owns, handed to this layer as a callable
 (:mod:`gpumem.panel.cell_source`, set when the extension loads and cleared when it unloads): the panel never
 imports the IPython layer. The list is read on the writer thread after a cell ends while the panel is
@@ -15,10 +16,11 @@ import ipywidgets as widgets
 
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.cells.report import CellReport
+from gpumem.core.oom import render_html
 from gpumem.core.units import format_delta
-from gpumem.panel.cell_source import cell_records, set_cell_source
+from gpumem.panel.cell_source import cell_records, last_oom, set_cell_source
 
-__all__ = ["CELLS_SHOWN", "CellsPane", "cell_options", "cell_records", "set_cell_source"]
+__all__ = ["CELLS_SHOWN", "CellsPane", "cell_options", "cell_records", "last_oom", "set_cell_source"]
 
 CELLS_SHOWN = 20  # the newest cells offered
 _NONE = 0  # the choice "no cell picked"
@@ -50,8 +52,10 @@ class CellsPane(widgets.VBox):  # type: ignore[misc]
             style={"description_width": "initial"}, layout=widgets.Layout(width="auto", max_width="100%"),
         )  # fmt: skip
         self.report = widgets.HTML("", layout=widgets.Layout(max_width="100%"))
+        self.oom = widgets.HTML("", layout=widgets.Layout(max_width="100%", display="none"))
         self._records: dict[int, CellRecord] = {}
-        super().__init__([self.choice, self.report], layout=widgets.Layout(width="100%"))
+        self._oom_shown = 0
+        super().__init__([self.oom, self.choice, self.report], layout=widgets.Layout(width="100%"))
         self.add_class("gm-cells-pane")
 
     # Writer thread only ---------------------------------------------------------------------------
@@ -65,6 +69,15 @@ class CellsPane(widgets.VBox):  # type: ignore[misc]
         with self.choice.hold_sync():
             self.choice.options = options
             self.choice.value = current
+
+    def show_oom(self, found: tuple[int, Any] | None) -> None:
+        """The newest out-of-memory explanation, once per explanation (the actions above free what it names)."""
+        if found is None or found[0] == self._oom_shown:
+            return
+        self._oom_shown = found[0]
+        head = '<div class="gm-title" role="alert">Out of memory: why, and what frees it (the actions above)</div>'
+        self.oom.value = head + render_html(found[1])
+        self.oom.layout.display = "block"
 
     def show_report(self, serial: Any) -> None:
         record = self._records.get(serial) if isinstance(serial, int) else None

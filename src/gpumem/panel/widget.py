@@ -27,7 +27,7 @@ from typing import Any, ClassVar, NamedTuple, cast
 
 from gpumem.core.monitor import Monitor, default_monitor
 from gpumem.core.sources import Snapshot
-from gpumem.panel.cells import CellsPane, cell_records
+from gpumem.panel.cells import CellsPane, cell_records, last_oom
 from gpumem.panel.commands import (
     AskConfirm,
     Command,
@@ -322,6 +322,7 @@ class Panel(PanelView):
             self._HANDLERS[type(command)](self, command)
         if self._control.after_cells(self._views.visible(time.monotonic())):
             self._cells.show_records(cell_records())
+            self._cells.show_oom(last_oom())
         force = force or bool(self._refreshed)
         if force:
             self._status_cache = None  # asked for now: everything read afresh
