@@ -110,6 +110,17 @@ def _action_while_a_cell_runs(page: Page) -> float:
     return answer_s
 
 
+def _a_cells_report_in_the_panel(page: Page) -> None:
+    """A measured cell is offered in the panel's compact history; picking it shows its report there."""
+    run_cell(page, "%%gpumem\nreported = torch.ones(500_000)")
+    choice = page.locator(f"{PANEL} .gm-cells-pane select").first
+    label = _wait_for(lambda: next((o for o in choice.locator("option").all_inner_texts() if "reported" in o), None),
+                      20, "the measured cell in the compact history", page)  # fmt: skip
+    choice.select_option(label=label)
+    _wait_for(lambda: "reported = torch.ones" in page.locator(f"{PANEL} .gm-cells-pane").first.inner_text(), 15,
+              "the cell's report in the panel", page)  # fmt: skip
+
+
 def _assert_fits(page: Page, what: str, *, whole_panel: bool = True) -> None:
     """The holders pane (and, where the plot has room, the whole panel) scrolls not sideways, cuts no button."""
     page.locator(PANEL).first.scroll_into_view_if_needed()
@@ -133,6 +144,7 @@ def test_holders_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page
     _assert_fits(page, "1600 px notebook")
     page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "holders_jupyterlab.png"))
     _action_while_a_cell_runs(page)
+    _a_cells_report_in_the_panel(page)
     check = run_cell(
         page, "print('grad', model.weight.grad, 'out', [n for n, v in Out.items() if hasattr(v, 'numel')])"
     )
