@@ -49,11 +49,14 @@ ANSWER_WITHIN_S = 1.0
 FITS_JS = """(selector) => {
     const panel = document.querySelector(selector);
     const pane = panel.querySelector('.gm-holders-pane');
+    const cells = panel.querySelector('.gm-cells-pane');
     const output = panel.closest('.jp-OutputArea-output') || panel.parentElement;
-    const cut = [...pane.querySelectorAll('button')].filter(b => b.offsetParent !== null &&
-        (b.scrollWidth > b.clientWidth + 1 || b.getBoundingClientRect().right > pane.getBoundingClientRect().right + 1))
-        .map(b => b.textContent);
-    return {pane: pane.scrollWidth - pane.clientWidth, panel: panel.scrollWidth - panel.clientWidth,
+    const edge = pane.getBoundingClientRect().right + 1;
+    const cut = [...pane.querySelectorAll('button'), ...cells.querySelectorAll('*')]
+        .filter(b => b.offsetParent !== null && b.tagName !== 'SELECT' && b.tagName !== 'OPTION' &&
+                     (b.scrollWidth > b.clientWidth + 1 || b.getBoundingClientRect().right > edge))
+        .map(b => `${b.tagName} ${b.textContent.slice(0, 40)}`);
+    return {pane: Math.max(pane.scrollWidth - pane.clientWidth, cells.scrollWidth - cells.clientWidth), panel: panel.scrollWidth - panel.clientWidth,
             output: output.scrollWidth - output.clientWidth, cut};
 }"""
 

@@ -23,6 +23,13 @@ from gpumem.panel.cell_source import cell_records, last_oom, set_cell_source
 __all__ = ["CELLS_SHOWN", "CellsPane", "cell_options", "cell_records", "last_oom", "set_cell_source"]
 
 CELLS_SHOWN = 20  # the newest cells offered
+# A report is laid out for an output area; in the panel (a sidebar's width too) its tables and lines wrap.
+_STYLE = (
+    "<style>.gm-cells-pane .gpumem-report,.gm-cells-pane .gpumem-report *{white-space:normal!important;"
+    "overflow-wrap:anywhere;min-width:0!important;max-width:100%}"
+    ".gm-cells-pane .gpumem-report table{width:100%;table-layout:fixed}"
+    ".gm-cells-pane .gpumem-report th,.gm-cells-pane .gpumem-report td{padding:1px 3px}</style>"
+)
 _NONE = 0  # the choice "no cell picked"
 
 
@@ -81,4 +88,4 @@ class CellsPane(widgets.VBox):  # type: ignore[misc]
 
     def show_report(self, serial: Any) -> None:
         record = self._records.get(serial) if isinstance(serial, int) else None
-        self.report.value = "" if record is None else CellReport(record)._repr_html_()
+        self.report.value = "" if record is None else _STYLE + CellReport(record)._repr_html_()
