@@ -56,7 +56,8 @@ FITS_JS = """(selector) => {
         .filter(b => b.offsetParent !== null && b.tagName !== 'SELECT' && b.tagName !== 'OPTION' &&
                      (b.scrollWidth > b.clientWidth + 1 || b.getBoundingClientRect().right > edge))
         .map(b => `${b.tagName} ${b.textContent.slice(0, 40)}`);
-    return {pane: Math.max(pane.scrollWidth - pane.clientWidth, cells.scrollWidth - cells.clientWidth), panel: panel.scrollWidth - panel.clientWidth,
+    return {pane: Math.max(pane.scrollWidth - pane.clientWidth, cells.scrollWidth - cells.clientWidth),
+            panel: panel.scrollWidth - panel.clientWidth,
             output: output.scrollWidth - output.clientWidth, cut};
 }"""
 
