@@ -39,9 +39,21 @@ from gpumem.core.runtime import ipython_shell
 from gpumem.core.units import format_bytes, format_delta
 from gpumem.core.workspaces import CLEAR_CALL, clear_cublas_workspaces
 
-__all__ = ["DeviceReclaim", "FreeResult", "describe_one_line", "device_reclaim_text", "free"]
+__all__ = [
+    "DeviceReclaim",
+    "FreeResult",
+    "cell_running",
+    "describe_one_line",
+    "device_reclaim_text",
+    "empty_cache",
+    "free",
+    "free_lock",
+    "release_last_exception",
+    "release_output",
+]
 
 _free_lock = threading.Lock()
+free_lock = _free_lock  # held by every free and reclaim action (gpumem.core.reclaim): one at a time
 _OUTPUT_ALIASES = ("_", "__", "___")
 _MAX_CHAINED_EXCEPTIONS = 64
 
@@ -164,6 +176,11 @@ def free(deep: bool = False, shell: Any = None, source: Any = None, *, workspace
     return result
 
 
+def empty_cache(source: Any) -> str:
+    """``source.empty_cache()`` unless CUDA is in an error state; what went wrong, or ""."""
+    return _empty_cache(source)
+
+
 def _empty_cache(source: Any) -> str:
     """``empty_cache()`` unless CUDA is in an error state (:mod:`gpumem.core.cuda_fault`); what went wrong, or ""."""
     if not cuda_faults():
@@ -184,6 +201,36 @@ def _clear_workspaces() -> bool:
         return torch is not None and clear_cublas_workspaces(torch)
     except Exception:
         return False
+
+
+def cell_running(shell: Any) -> bool:
+    """Whether ``shell`` is executing a cell now."""
+    return _cell_running(shell)
+
+
+def release_output(shell: Any, value: Any, label: str, *, aliases: bool = True) -> tuple[list[str], list[str]]:
+    """Drop IPython's output-cache references to ``value``: ``(released, kept)``.
+
+    Without ``aliases`` only ``Out[N]`` and its ``_N`` are popped (safe while a cell runs and the display
+    hook may move ``_`` / ``__`` / ``___``); those and the last result are left.
+    """
+    released: list[str] = []
+    kept: list[str] = []
+    if aliases:
+        _drop_output(shell, value, label, released, kept)
+        return released, kept
+    dropped = _drop_output_entries(shell.user_ns, getattr(shell, "user_ns_hidden", {}), value)
+    if dropped:
+        released.append(" ".join(dropped) if len(dropped) == 1 else f"{dropped[0]} ({', '.join(dropped[1:])})")
+    return released, kept
+
+
+def release_last_exception(shell: Any) -> tuple[list[str], list[str]]:
+    """Detach the last exception's frames (and drop it where it holds tensors itself): ``(released, kept)``."""
+    released: list[str] = []
+    kept: list[str] = []
+    _drop_last_exception(shell, released, kept)
+    return released, kept
 
 
 def _cell_running(shell: Any) -> bool:

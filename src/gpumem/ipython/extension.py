@@ -84,6 +84,7 @@ def load(shell: Any) -> ExtensionState:
     if isinstance(configurables, list):
         configurables.append(config)
     _loaded = _Loaded(state, hooks, magics, header, _connect_frontend(shell))
+    _offer_cells_to_panels(state)
     if config.auto:
         state.warm_up()
     return state
@@ -124,6 +125,15 @@ def unload(shell: Any) -> None:
         configurables.remove(state.config)
     state.tracker.close()
     loaded.hooks.close()
+
+
+def _offer_cells_to_panels(state: ExtensionState) -> None:
+    """The panels' compact history reads this session's measured cells (until unload)."""
+    from gpumem.panel.cell_source import note_oom, set_cell_source
+
+    set_cell_source(lambda: state.tracker.history)
+    state.on_unload(lambda: set_cell_source(None))
+    state.on_unload(lambda: note_oom(None))
 
 
 def _explainer(shell: Any) -> OomExplainer | None:

@@ -52,6 +52,9 @@ class OomExplainer:
                 )
                 if report is not None:
                     display(text=oom.render_text(report), html=oom.render_html(report))
+                    from gpumem.panel.cell_source import note_oom
+
+                    note_oom(report)  # the panels show it too, next to the actions that free memory
             oom.attach_observer()  # the cell may have initialized CUDA
         except (Exception, KeyboardInterrupt) as failure:
             print(f"gpumem: could not explain the out-of-memory error ({type(failure).__name__}: {failure})")

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from gpumem.panel.freeing import FreeOutcome
 
 __all__ = [
+    "AskConfirm",
     "Command",
     "FreeDone",
     "FreeStarted",
+    "HoldersDone",
     "Notify",
     "ReadControls",
+    "ReclaimDone",
+    "ReclaimStarted",
     "Refresh",
     "ResetPeak",
+    "ShowCell",
     "TogglePause",
     "ViewsChanged",
 ]
@@ -47,11 +53,46 @@ class FreeDone:
 
 
 @dataclass(frozen=True)
+class HoldersDone:
+    """The holders view's worker finished: show its model (a :class:`gpumem.panel.holders.HoldersModel`)."""
+
+    model: Any
+
+
+@dataclass(frozen=True)
+class AskConfirm:
+    """Show the unbind confirmation: what the name's deletion returns and what else holds its storage."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReclaimStarted:
+    """A reclaim action's worker is starting: its buttons wait until :class:`ReclaimDone`."""
+
+    label: str
+
+
+@dataclass(frozen=True)
+class ReclaimDone:
+    """A reclaim action finished: show its measured outcome (a :class:`gpumem.core.reclaim.Outcome`)."""
+
+    outcome: Any
+
+
+@dataclass(frozen=True)
 class Notify:
     """A line under the controls: ``ok`` True is green, False red, None plain."""
 
     text: str
     ok: bool | None
+
+
+@dataclass(frozen=True)
+class ShowCell:
+    """A measured cell was picked in the compact history: show its report."""
+
+    serial: Any
 
 
 @dataclass(frozen=True)
@@ -74,4 +115,18 @@ class ViewsChanged:
     """The front end reported a view more or fewer: push everything again."""
 
 
-Command = Refresh | FreeStarted | FreeDone | Notify | TogglePause | ResetPeak | ReadControls | ViewsChanged
+Command = (
+    Refresh
+    | FreeStarted
+    | FreeDone
+    | HoldersDone
+    | AskConfirm
+    | ReclaimStarted
+    | ReclaimDone
+    | Notify
+    | TogglePause
+    | ResetPeak
+    | ShowCell
+    | ReadControls
+    | ViewsChanged
+)

@@ -27,14 +27,20 @@ from typing import Any, ClassVar, NamedTuple, cast
 
 from gpumem.core.monitor import Monitor, default_monitor
 from gpumem.core.sources import Snapshot
+from gpumem.panel.cells import CellsPane, cell_records, last_oom
 from gpumem.panel.commands import (
+    AskConfirm,
     Command,
     FreeDone,
     FreeStarted,
+    HoldersDone,
     Notify,
     ReadControls,
+    ReclaimDone,
+    ReclaimStarted,
     Refresh,
     ResetPeak,
+    ShowCell,
     TogglePause,
     ViewsChanged,
 )
@@ -56,6 +62,7 @@ from gpumem.panel.options import (
     make_options,
 )
 from gpumem.panel.readings import PeaksSinceOpen, Readings, SampleBeat, SamplerClaim, device_indices
+from gpumem.panel.reclaiming import HoldersControl
 from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
 from gpumem.panel.views import ViewCount, sending_page
@@ -133,6 +140,11 @@ class Panel(PanelView):
         self._last_header_key: tuple[Any, ...] | None = None
         self._status_cache: tuple[tuple[bool, int], float, dict[str, str]] | None = None  # key, when, status
         self._error: str | None = None
+        # Who holds the memory and the actions that free it, walked on demand and after a cell ends while shown.
+        self._control = HoldersControl(self._shell, lambda: self._monitor.source, self._post)
+        self._holders = self._control.pane
+        self._cells = CellsPane()  # the compact history of measured cells: pick one to read its report
+        self.children = (*self.children, self._holders, self._cells)  # type: ignore[has-type]
         self._connect()
         # Clicks and view reports are handled on gpumem's own subshell, also while a cell runs.
         self._route = route_widget_tree(self)
@@ -152,6 +164,7 @@ class Panel(PanelView):
         for control in self.control_widgets():
             control.observe(lambda _change: self._post(ReadControls()), names="value")
         self.observe(self._on_views, names="_view_count")
+        self._cells.choice.observe(lambda change: self._post(ShowCell(change.get("new"))), names="value")
 
     # Public API ---------------------------------------------------------------------------------
     @property
@@ -197,6 +210,14 @@ class Panel(PanelView):
         thread.join(timeout_s)
         return self._free.last
 
+    def refresh_holders(self, *, wait: bool = False, timeout_s: float = 60.0) -> None:
+        """Walk the session again (holders, and what each action would return) on a worker thread."""
+        self._control.refresh(wait=wait, timeout_s=timeout_s)
+
+    def reclaim(self, action: str, *, wait: bool = True, timeout_s: float = 120.0) -> Any:
+        """Run one reclaim action (:mod:`gpumem.core.reclaim`) as its button does; with ``wait``, its outcome."""
+        return self._control.reclaim(action, wait=wait, timeout_s=timeout_s)
+
     def close(self) -> None:
         """Remove the panel: its widgets, its share of the sampler, and the writer when it was the last."""
         if getattr(self, "_closed", True):
@@ -211,6 +232,7 @@ class Panel(PanelView):
         self._monitor.sampler.remove_listener(self._on_sample)
         self._claim.give_back()
         self._free.join(10.0)
+        self._control.join(10.0)
         self.close_parts()
         super().close()
         route = getattr(self, "_route", None)
@@ -286,6 +308,9 @@ class Panel(PanelView):
         while self._commands:
             command = self._commands.popleft()
             self._HANDLERS[type(command)](self, command)
+        if self._control.after_cells(self._views.visible(time.monotonic())):
+            self._cells.show_records(cell_records())
+            self._cells.show_oom(last_oom())
         force = force or bool(self._refreshed)
         if force:
             self._status_cache = None  # asked for now: everything read afresh
@@ -323,6 +348,14 @@ class Panel(PanelView):
         self.show_free_done(*free_message(command.outcome))
         self._schedule.invalidate()
 
+    def _on_holders(self, command: Command) -> None:
+        self._control.on_command(command)
+        if isinstance(command, ReclaimDone):
+            self._schedule.invalidate()
+
+    def _on_show_cell(self, command: ShowCell) -> None:
+        self._cells.show_report(command.serial)
+
     def _on_notify(self, command: Notify) -> None:
         self.show_message(command.text, command.ok)
 
@@ -352,6 +385,11 @@ class Panel(PanelView):
         FreeStarted: _on_free_started,
         FreeDone: _on_free_done,
         Notify: _on_notify,
+        HoldersDone: _on_holders,
+        AskConfirm: _on_holders,
+        ReclaimStarted: _on_holders,
+        ReclaimDone: _on_holders,
+        ShowCell: _on_show_cell,
         TogglePause: _on_toggle_pause,
         ResetPeak: _on_reset_peak,
         ReadControls: _on_read_controls,

@@ -1,0 +1,47 @@
+"""The panel's holders view on a real CUDA GPU: a button's promised bytes, its measured result, and the
+out-of-memory explanation shown in the panel after a cell dies of it."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from _harness import run_cell_capture
+
+pytestmark = pytest.mark.gpu
+
+
+def _wait_until(predicate: Any, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_release_out_on_the_gpu_and_the_oom_explanation(gpu: Any) -> None:
+    from gpumem.panel.widget import Panel, close_all
+
+    number = run_cell_capture(gpu, "torch.ones(2**26, device='cuda:0')")[0].execution_count
+    panel = Panel(autostart=False, shell=gpu)
+    try:
+        panel._views.changed("page-1", 0, 1)
+        panel.refresh_holders(wait=True)
+        assert panel.refresh()
+        button = next(b for b in panel._holders.buttons if b.description.startswith("Release Out["))
+        assert button.description == f"Release Out[{number}]: 256.0 MiB", button.description
+        assert "returns 256.0 MiB to the allocator and 256.0 MiB to the device" in button.tooltip, button.tooltip
+        button.click()
+        _wait_until(lambda: panel.refresh() and "Release Out" in panel._holders.result.value)
+        text = re.sub(r"<[^>]+>", "", panel._holders.result.value)
+        assert "256.0 MiB back to the allocator, 256.0 MiB to the device" in text and "as promised" in text, text
+        failed, _ = run_cell_capture(gpu, "torch.empty(2**50, device='cuda:0')")
+        assert not failed.success
+        _wait_until(lambda: panel.refresh() and "Out of memory" in panel._cells.oom.value)
+    finally:
+        close_all()
