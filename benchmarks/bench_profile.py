@@ -15,7 +15,10 @@ CPU-side records, ``profile_records``) and under the Kineto profiler, each recor
 the recorder's start to the end of gpumem's read-back (what a ``--profile`` cell adds), split into
 recording, stopping and reading back. Reported: the medians of the per-round ratios to the bare run
 beside the A/A's (goal for the whole ``--profile``: at most 2x), and the read-back's share of the
-Kineto profiler's own recording + stop (goal: at most 10%).
+Kineto profiler's own recording + stop (goal: at most 10%). Beside them, the loop under a
+``TorchDispatchMode`` that only passes each call on: the floor of any recorder at the dispatch level,
+before it counts anything (it sees only the calls below autograd, not ``aten::linear``, autograd's
+nodes or ``record_function`` labels, so its rows could not be ``key_averages``' anyway).
 
     python benchmarks/bench_profile.py [--out DIR] [--rounds 5] [--steps 100] [--whole-rounds 7]
 """
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench_sampler import make_step
 from gpumem.core.profile import operator_rows
@@ -91,6 +95,9 @@ def _timed_run(step: Callable[[], None], steps: int, device: str, recorder: str)
     if recorder == "records":
         profiler = RecordsProfiler(torch)
         profiler.start()
+    elif recorder == "dispatch":
+        profiler = _Passthrough()
+        profiler.__enter__()
     elif recorder == "kineto":
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
@@ -110,14 +117,23 @@ def _timed_run(step: Callable[[], None], steps: int, device: str, recorder: str)
         stopped = time.perf_counter()
         table = read_operators(profiler.profiler.kineto_results, torch)
     else:
+        if recorder == "dispatch":
+            profiler.__exit__(None, None, None)
         stopped, table = ran, None
     done = time.perf_counter()
-    if recorder != "bare" and table is None:
+    if recorder in ("records", "kineto") and table is None:
         raise SystemExit(f"the {recorder} recorder's read-back failed")
     return {"whole": done - began, "recording": ran - began, "stop": stopped - ran, "read": done - stopped}
 
 
-WHOLE = ("bare", "bare again", "records", "kineto")
+WHOLE = ("bare", "bare again", "records", "kineto", "dispatch")
+
+
+class _Passthrough(TorchDispatchMode):
+    """A dispatch-level recorder's floor: every aten call below autograd through Python, nothing kept."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
 
 
 def whole_cost(step: Callable[[], None], steps: int, device: str, rounds: int) -> dict[str, Any]:
@@ -131,6 +147,7 @@ def whole_cost(step: Callable[[], None], steps: int, device: str, rounds: int) -
     ratio = {name: [one[name]["whole"] / one["bare"]["whole"] for one in runs] for name in WHOLE[1:]}
     share = [one["kineto"]["read"] / (one["kineto"]["recording"] - one["bare"]["whole"] + one["kineto"]["stop"])
              for one in runs]  # fmt: skip
+    floor = [(one["records"]["recording"] + one["records"]["stop"]) / one["bare"]["whole"] for one in runs]
     median = {name: {part: statistics.median(one[name][part] for one in runs) for part in runs[0][name]}
               for name in WHOLE}  # fmt: skip
     for name in WHOLE[1:]:
@@ -143,7 +160,10 @@ def whole_cost(step: Callable[[], None], steps: int, device: str, rounds: int) -
           f"{statistics.median(share):.3f} ({min(share):.3f}-{max(share):.3f}; goal <= 0.10); "
           f"whole --profile with the records recorder {statistics.median(ratio['records']):.3f}x "
           "(goal <= 2x)")  # fmt: skip
-    return {"runs": runs, "ratio_to_bare": ratio, "kineto_read_share": share, "median_s": median}
+    print(f"  the records recorder's recording + stop alone, before any read-back: {statistics.median(floor):.3f}x "
+          f"({min(floor):.3f}-{max(floor):.3f}): the floor of a --profile on it")  # fmt: skip
+    return {"runs": runs, "ratio_to_bare": ratio, "kineto_read_share": share, "records_floor": floor,
+            "median_s": median}  # fmt: skip
 
 
 def main() -> None:
