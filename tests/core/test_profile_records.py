@@ -113,3 +113,19 @@ def test_a_running_records_profiler_is_not_disturbed() -> None:
 def test_an_unknown_recorder_is_refused() -> None:
     with pytest.raises(ValueError, match="recorder must be one of"):
         CellProfiler(recorder="nvtx")
+
+
+def test_a_recorder_that_cannot_start_gives_way_to_kineto(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: RecordsProfiler) -> None:
+        raise TypeError("ProfilerConfig(): incompatible constructor arguments")
+
+    monkeypatch.setattr(RecordsProfiler, "start", refuse)
+    profiler = CellProfiler()
+    assert profiler.start() is None
+    assert torch.autograd.profiler._is_profiler_enabled  # Kineto's
+    matrix = torch.ones(500, 500)
+    report = profiler.stop(cell=None)
+    del matrix
+    assert report is not None
+    assert next(row for row in report.rows if row.name == "aten::ones").cpu_bytes == 500 * 500 * 4
+    assert not torch.autograd._profiler_enabled()

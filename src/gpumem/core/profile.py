@@ -226,9 +226,13 @@ class CellProfiler:
         self._rss_before = self._rss()
         if self.recorder == "records" and records_available(torch):
             records = RecordsProfiler(torch)
-            records.start()
-            self._profiler = records
-            return None
+            try:
+                records.start()
+            except Exception:  # noqa: S110 - a torch whose recorder takes other arguments: Kineto's instead
+                pass
+            else:
+                self._profiler = records
+                return None
         activities = [profiler.ProfilerActivity.CPU]
         if self._cuda:
             activities.append(profiler.ProfilerActivity.CUDA)
