@@ -129,3 +129,40 @@ def test_a_recorder_that_cannot_start_gives_way_to_kineto(monkeypatch: pytest.Mo
     assert report is not None
     assert next(row for row in report.rows if row.name == "aten::ones").cpu_bytes == 500 * 500 * 4
     assert not torch.autograd._profiler_enabled()
+
+
+class _Record:
+    """A record shaped as PyTorch's (``torch._C._autograd.ProfilerEvent``), for orders a real run rarely gives."""
+
+    def __init__(self, kind: str, name: str = "", handle: int = 0, host: int = 0, thread: int = 1) -> None:
+        self._fields = {"kind": kind, "name": name, "handle": handle, "cpu_memory_usage": host, "thread_id": thread}
+
+    def __getattr__(self, field: str) -> Callable[[], Any]:
+        if field in self._fields:
+            return lambda: self._fields[field]
+        return {"cuda_memory_usage": lambda: 0, "is_async": lambda: False, "shapes": list}[field]
+
+
+def test_calls_are_paired_by_handle_and_a_call_ended_after_its_parent_is_left_out() -> None:
+    records = [
+        _Record("mark", "__start_profile"),
+        _Record("push", "outer", 1),
+        _Record("push", "inner", 2),
+        _Record("memory_alloc", host=100),
+        _Record("pop", handle=1),  # outer ends first: inner never ended inside it
+        _Record("pop", handle=2),
+        _Record("push", "aten::is_leaf", 3),  # left out, as PyTorch leaves it out of its tables
+        _Record("memory_alloc", host=8),
+        _Record("pop", handle=3),
+    ]
+    table = read_records([records])
+    assert table is not None
+    assert table.calls == 2  # outer, and the memory record inside no call
+    assert {row.name: (row.calls, row.self_cpu_bytes, row.cpu_bytes) for row in table.rows} == {
+        "outer": (1, 100, 100),
+        MEMORY_EVENT: (1, 8, 8),
+    }
+
+
+def test_a_call_without_a_handle_is_refused() -> None:
+    assert read_records([[_Record("push", "outer"), _Record("pop")]]) is None

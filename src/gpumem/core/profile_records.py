@@ -30,6 +30,7 @@ from gpumem.core.profile_events import LEFT_OUT, MEMORY_EVENT, OperatorMemory, O
 __all__ = ["RecordsProfiler", "available", "read_records"]
 
 _NO_PARENT = -1
+_LEFT_OUT = -2  # the handle of a call left out of the table
 _STEP = "ProfilerStep#"
 
 
@@ -87,51 +88,78 @@ class _Calls:
         self.cpu: list[int] = []  # while open: the running sum at its begin; once ended: its total
         self.device: list[int] = []
         self.ended: list[bool] = []
-        self.threads: list[int] = []  # the thread it began on
         self.sync: list[bool] = []  # ended on the thread it began on, and not asynchronous by itself
         self.strays: list[tuple[int, int]] = []  # memory records inside no call: rows of their own
 
     def scan(self, records: Sequence[Any]) -> None:
-        """One thread's records in order: begins, ends and memory, with running sums."""
+        """One thread's records in order: begins, ends and memory, with running sums.
+
+        Each field is a call into PyTorch's bindings, so a record is told apart by its handle alone where
+        it can be: a call's begin and end carry the call's handle (never 0, and no two calls share one),
+        memory and marks carry 0. Begins are recorded on the thread that runs them, so they all share
+        the thread of the first; an end is recorded on its begin's thread, with the thread that ended it.
+        """
         cpu = device = 0
-        stack: list[int] = []  # the open calls, innermost last
-        handles: dict[int, int] = {}
-        names, cpu_at, device_at = self.names, self.cpu, self.device
+        current = _NO_PARENT  # the innermost open call; the calls open around it are its parents
+        handles: dict[int, int] = {}  # the open calls' handles (_LEFT_OUT for a left-out call)
+        names, cpu_at, device_at, ended, sync = self.names, self.cpu, self.device, self.ended, self.sync
+        add_name, add_push, add_parent = names.append, self.pushes.append, self.parents.append
+        add_cpu, add_device, add_ended, add_sync = cpu_at.append, device_at.append, ended.append, sync.append
+        parents, opened = self.parents, handles.pop
+        thread = None
         for record in records:
-            kind = record.kind()
-            if kind == "memory_alloc":
-                host, cuda = record.cpu_memory_usage(), record.cuda_memory_usage()
-                if not stack:
-                    self.strays.append((host, cuda))
+            handle = record.handle()
+            if not handle:
+                host, cuda = self._memory(record, inside=current != _NO_PARENT)
                 cpu += host
                 device += cuda
-            elif kind == "push":
+                continue
+            index = opened(handle, None)
+            if index is None:  # a begin
                 name = record.name()
-                if name in LEFT_OUT:
+                if name in LEFT_OUT or (not name and record.kind() != "push"):  # or an end begun before
+                    handles[handle] = _LEFT_OUT
                     continue
+                if thread is None:
+                    thread = record.thread_id()
                 index = len(names)
-                names.append("ProfilerStep*" if name.startswith(_STEP) else name)
-                self.pushes.append(record)
-                self.parents.append(stack[-1] if stack else _NO_PARENT)
-                cpu_at.append(cpu)
-                device_at.append(device)
-                self.ended.append(False)
-                self.sync.append(not record.is_async())
-                self.threads.append(record.thread_id())
-                handles[record.handle()] = index
-                stack.append(index)
-            elif kind == "pop":
-                index = handles.pop(record.handle(), _NO_PARENT)
-                if index == _NO_PARENT:
-                    continue  # a left-out call's end, or a call begun on another thread
-                while stack and stack[-1] != index:
-                    stack.pop()  # calls that never end here: left out, as PyTorch's own table does
-                stack.pop()
+                add_name("ProfilerStep*" if name.startswith(_STEP) else name)
+                add_push(record)
+                add_parent(current)
+                add_cpu(cpu)
+                add_device(device)
+                add_ended(False)
+                add_sync(not record.is_async())
+                handles[handle] = index
+                current = index
+            elif index != _LEFT_OUT:  # an end
+                if index != current and not self._open(current, index):
+                    continue  # ended after a call around it ended: left out with it
+                current = parents[index]  # the calls inside it that never ended are left out, as in PyTorch's table
                 cpu_at[index] = cpu - cpu_at[index]
                 device_at[index] = device - device_at[index]
-                self.ended[index] = True
-                if record.thread_id() != self.threads[index]:
-                    self.sync[index] = False
+                ended[index] = True
+                if record.thread_id() != thread:
+                    sync[index] = False
+
+    def _memory(self, record: Any, *, inside: bool) -> tuple[int, int]:
+        """A record without a handle: the host and device bytes of a memory record, none of a mark."""
+        kind = record.kind()
+        if kind == "mark":
+            return 0, 0
+        if kind != "memory_alloc":
+            raise ValueError(f"a {kind} record without a handle")  # its call could not be paired
+        host, cuda = record.cpu_memory_usage(), record.cuda_memory_usage()
+        if not inside:
+            self.strays.append((host, cuda))
+        return host, cuda
+
+    def _open(self, current: int, index: int) -> bool:
+        """Whether call ``index`` is still open: ``current`` or one of the calls around it."""
+        parents = self.parents
+        while current not in {index, _NO_PARENT}:
+            current = parents[current]
+        return current == index
 
     def _parent(self, index: int) -> int:
         """The nearest synchronous ancestor: an asynchronous call is no one's parent and has none, and a
@@ -144,67 +172,85 @@ class _Calls:
         return parent
 
     def table(self) -> OperatorTable:
-        kept = [index for index in range(len(self.names)) if self.ended[index]]
-        parents = {index: self._parent(index) for index in kept}
-        children: dict[int, list[int]] = {}
-        for index in kept:
-            if parents[index] != _NO_PARENT:
-                children.setdefault(parents[index], []).append(index)
-        merged = _merge_repeats(kept, parents, children, self.names)
-        rows = self._group([index for index in kept if index not in merged], parents, children)
-        return OperatorTable(rows, len(kept) - len(merged) + len(self.strays))
+        ended, sync = self.ended, self.sync
+        kept = [index for index, done in enumerate(ended) if done]
+        usable = [done and alone for done, alone in zip(ended, sync, strict=True)]  # can be a parent
+        parents = [  # the nearest usable ancestor, walked only past the rare calls that are not
+            _NO_PARENT if not alone else parent if parent == _NO_PARENT or usable[parent] else self._parent(index)
+            for index, (parent, alone) in enumerate(zip(self.parents, sync, strict=True))
+        ]
+        below = _Below(len(ended))
+        below.add(kept, parents, self.cpu, self.device)
+        merged = below.merge_repeats(kept, self.names)
+        rows = self._group([index for index in kept if not merged[index]], parents, below)
+        return OperatorTable(rows, len(kept) - sum(merged) + len(self.strays))
 
-    def _group(self, kept: list[int], parents: dict[int, int], children: dict[int, list[int]]) -> list[OperatorMemory]:
-        names, cpu, device = self.names, self.cpu, self.device
+    def _group(self, kept: list[int], parents: list[int], below: _Below) -> list[OperatorMemory]:
+        names, cpu, device, sync, pushes = self.names, self.cpu, self.device, self.sync, self.pushes
         moving: set[str] = set()
         for index in kept:
             if cpu[index] or device[index]:
                 moving.add(names[index])
                 if parents[index] != _NO_PARENT:
                     moving.add(names[parents[index]])
-        sums: dict[tuple[str, str], list[int]] = {}
+        groups: dict[tuple[str, str], list[int]] = {}  # the calls of each row
         texts: dict[tuple[str, str], str] = {}
-        for index in kept:
-            name = names[index]
-            if name not in moving:
-                continue
-            shapes = self.pushes[index].shapes()
-            key = (name, str(shapes))
-            figures = sums.get(key)
-            if figures is None:
-                figures = sums[key] = [0, 0, 0, 0, 0]
+        for index in [index for index in kept if names[index] in moving]:
+            shapes = pushes[index].shapes()
+            key = (names[index], str(shapes))
+            calls = groups.get(key)
+            if calls is None:
+                calls = groups[key] = []
                 texts[key] = shapes_text(shapes)
-            figures[0] += 1
-            if self.sync[index]:  # an asynchronous call has a total, never a self figure
-                below = children.get(index, ())
-                figures[1] += cpu[index] - sum(cpu[child] for child in below)
-                figures[3] += device[index] - sum(device[child] for child in below)
-            figures[2] += cpu[index]
-            figures[4] += device[index]
+            calls.append(index)
+        rows = [
+            OperatorMemory(key[0], texts[key], *below.figures(calls, cpu, device, sync))
+            for key, calls in groups.items()
+        ]
         if self.strays:
-            key = (MEMORY_EVENT, "[]")
-            texts[key] = ""
             host, cuda = sum(one[0] for one in self.strays), sum(one[1] for one in self.strays)
-            sums[key] = [len(self.strays), host, host, cuda, cuda]
-        return sort_rows([OperatorMemory(key[0], texts[key], *figures) for key, figures in sums.items()])
+            rows.append(OperatorMemory(MEMORY_EVENT, "", len(self.strays), host, host, cuda, cuda))
+        return sort_rows(rows)
 
 
-def _merge_repeats(
-    kept: list[int], parents: dict[int, int], children: dict[int, list[int]], names: list[str]
-) -> set[int]:
-    """A call named as its parent, and the parent's only child, is merged into it (as PyTorch does),
-    children first, so that a chain of them merges into its outermost call."""
-    merged: set[int] = set()
-    for index in reversed(kept):  # a call's children begin after it: every child is settled first
-        below = children.get(index)
-        while below is not None and len(below) == 1 and names[below[0]] == names[index]:
-            child = below[0]
-            merged.add(child)
-            below = children.pop(child, None)
-            if below is None:
-                children.pop(index, None)
-            else:
-                children[index] = below
-                for grandchild in below:
-                    parents[grandchild] = index
-    return merged
+class _Below:
+    """Per call, what its children add up to (host and device totals), how many it has and the last."""
+
+    def __init__(self, size: int) -> None:
+        self.cpu = [0] * size
+        self.device = [0] * size
+        self.count = [0] * size
+        self.last = [_NO_PARENT] * size
+
+    def add(self, kept: list[int], parents: list[int], cpu: list[int], device: list[int]) -> None:
+        below_cpu, below_device, count, last = self.cpu, self.device, self.count, self.last
+        for index in kept:
+            parent = parents[index]
+            if parent != _NO_PARENT:
+                below_cpu[parent] += cpu[index]
+                below_device[parent] += device[index]
+                count[parent] += 1
+                last[parent] = index
+
+    def merge_repeats(self, kept: list[int], names: list[str]) -> list[bool]:
+        """A call named as its parent, and the parent's only child, is merged into it (as PyTorch does),
+        children first, so that a chain of them merges into its outermost call: the parent takes over the
+        child's children (same-named, so which of the two a grandchild names as its parent is moot)."""
+        merged = [False] * len(names)
+        below_cpu, below_device, count, last = self.cpu, self.device, self.count, self.last
+        for index in reversed(kept):  # a call's children begin after it: every child is settled first
+            while count[index] == 1 and names[last[index]] == names[index]:
+                child = last[index]
+                merged[child] = True
+                below_cpu[index], below_device[index] = below_cpu[child], below_device[child]
+                count[index], last[index] = count[child], last[child]
+        return merged
+
+    def figures(self, calls: list[int], cpu: list[int], device: list[int], sync: list[bool]) -> tuple[int, ...]:
+        """One row's calls, self and total host bytes, self and total device bytes: an asynchronous call
+        has a total, never a self figure."""
+        host, cuda = sum(map(cpu.__getitem__, calls)), sum(map(device.__getitem__, calls))
+        alone = calls if all(map(sync.__getitem__, calls)) else [index for index in calls if sync[index]]
+        self_host = sum(map(cpu.__getitem__, alone)) - sum(map(self.cpu.__getitem__, alone))
+        self_cuda = sum(map(device.__getitem__, alone)) - sum(map(self.device.__getitem__, alone))
+        return len(calls), self_host, host, self_cuda, cuda
