@@ -31,6 +31,7 @@ __all__ = ["RecordsProfiler", "available", "read_records"]
 
 _NO_PARENT = -1
 _LEFT_OUT = -2  # the handle of a call left out of the table
+_LEFT = "\0left out"  # the table name of a call left out of it
 _STEP = "ProfilerStep#"
 
 
@@ -90,6 +91,7 @@ class _Calls:
         self.ended: list[bool] = []
         self.sync: list[bool] = []  # ended on the thread it began on, and not asynchronous by itself
         self.strays: list[tuple[int, int]] = []  # memory records inside no call: rows of their own
+        self.known: dict[str, str] = {}  # each name seen: its name in the table, or _LEFT
 
     def scan(self, records: Sequence[Any]) -> None:
         """One thread's records in order: begins, ends and memory, with running sums.
@@ -106,6 +108,7 @@ class _Calls:
         add_name, add_push, add_parent = names.append, self.pushes.append, self.parents.append
         add_cpu, add_device, add_ended, add_sync = cpu_at.append, device_at.append, ended.append, sync.append
         parents, opened = self.parents, handles.pop
+        known = self.known
         thread = None
         for record in records:
             handle = record.handle()
@@ -116,14 +119,14 @@ class _Calls:
                 continue
             index = opened(handle, None)
             if index is None:  # a begin
-                name = record.name()
-                if name in LEFT_OUT or (not name and record.kind() != "push"):  # or an end begun before
+                name = known.get(name := record.name()) or self._name(name, record)
+                if name is _LEFT:
                     handles[handle] = _LEFT_OUT
                     continue
                 if thread is None:
                     thread = record.thread_id()
                 index = len(names)
-                add_name("ProfilerStep*" if name.startswith(_STEP) else name)
+                add_name(name)
                 add_push(record)
                 add_parent(current)
                 add_cpu(cpu)
@@ -141,6 +144,13 @@ class _Calls:
                 ended[index] = True
                 if record.thread_id() != thread:
                     sync[index] = False
+
+    def _name(self, name: str, record: Any) -> str:
+        """A begin's name in the table, first sight: _LEFT for a call left out (or an end begun before)."""
+        if not name and record.kind() != "push":
+            return _LEFT  # not remembered: a call may be named ""
+        self.known[name] = shown = _LEFT if name in LEFT_OUT else "ProfilerStep*" if name.startswith(_STEP) else name
+        return shown
 
     def _memory(self, record: Any, *, inside: bool) -> tuple[int, int]:
         """A record without a handle: the host and device bytes of a memory record, none of a mark."""
