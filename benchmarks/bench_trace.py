@@ -1,10 +1,12 @@
 """Cost of ``%%gpumem --trace`` and ``--profile``, side by side with no gpumem.
 
 GPU half (skipped, exit 0, where CUDA is absent): the training cell (8 x Linear(1024), AdamW, batch 256,
-300 steps) run in a real IPython shell as five variants, in paired, interleaved rounds (the order
+300 steps) run in a real IPython shell as six variants, in paired, interleaved rounds (the order
 rotates): ``bare`` (no magic: no gpumem in the cell), ``plain`` (``%%gpumem -q``), ``record`` (the same,
 with the body between gpumem's own TraceRecorder start and a stop that reads no snapshot: the cost of
-PyTorch recording alone), ``trace`` (``%%gpumem --trace``) and ``profile`` (``%%gpumem --profile``).
+PyTorch recording alone), ``snapshot`` (the same, stopped by taking PyTorch's snapshot: the floor of a
+``--trace`` on PyTorch's history, before any analysis), ``trace`` (``%%gpumem --trace``) and ``profile``
+(``%%gpumem --profile``).
 Reported: each variant's median wall time, the medians of the per-round ratios to ``plain`` (goal for
 ``trace``: at most 1.15x) and to ``bare``, and for the trace runs the end of the cell by phase: the
 snapshot (``torch.cuda.memory._snapshot()`` and switching recording off), our analysis and our
@@ -120,9 +122,16 @@ _gpumem_recorder = _GpumemTraceRecorder()
 assert _gpumem_recorder.start() is None
 {body}_gpumem_recorder.abandon()
 """
+# PyTorch's recording and its snapshot, nothing of gpumem's analysis or drawing: the floor of any
+# --trace built on PyTorch's allocation history (were it above the goal, no analysis could meet it).
+RECORD_SNAPSHOT = """\
+_gpumem_recorder = _GpumemTraceRecorder()
+assert _gpumem_recorder.start() is None
+{body}assert _gpumem_recorder.stop() is not None
+"""
 PHASES = ("snapshot_s", "analysis_s", "render_s")
 PROFILE_PHASES = ("stop_s", "group_s", "operator_calls")  # ProfileCost's fields: after the cell, and calls read
-RATIOS_TO_PLAIN = ("record", "trace", "profile")  # to %%gpumem -q: what the option adds
+RATIOS_TO_PLAIN = ("record", "snapshot", "trace", "profile")  # to %%gpumem -q: what the option adds
 RATIOS_TO_BARE = {"plain/bare": "plain", "trace/bare": "trace", "profile/bare": "profile"}  # to no gpumem
 
 
@@ -148,6 +157,7 @@ def gpu_half(rounds: int, steps: int) -> dict[str, Any] | None:
         "bare": body,  # no gpumem in the cell (the extension loaded, automatic mode off)
         "plain": "%%gpumem -q\n" + body,
         "record": "%%gpumem -q\n" + RECORD_ONLY.format(body=body),
+        "snapshot": "%%gpumem -q\n" + RECORD_SNAPSHOT.format(body=body),
         "trace": "%%gpumem --trace\n" + body,
         "profile": "%%gpumem --profile\n" + body,
     }
@@ -224,7 +234,8 @@ def _gpu_report(steps: int, rounds: int, times: dict[str, list[float]], ratios: 
     ratio = {name: statistics.median(values) for name, values in ratios.items()}
     phase = {name: statistics.median(values) for name, values in phases.items()}
     print(f"training cell, {steps} steps, {rounds} paired rounds: plain median {median['plain']:.3f} s, "
-          f"recording only {median['record']:.3f} s ({ratio['record']:.3f}x), "
+          f"recording only {median['record']:.3f} s ({ratio['record']:.3f}x), recording + PyTorch's snapshot "
+          f"{median['snapshot']:.3f} s ({ratio['snapshot']:.3f}x: the floor), "
           f"--trace {median['trace']:.3f} s, paired ratio {ratio['trace']:.3f}x (goal <= {GOAL_RATIO}x)")  # fmt: skip
     print(f"  side by side with no gpumem (bare {median['bare']:.3f} s): %%gpumem -q {ratio['plain/bare']:.3f}x, "
           f"--trace {ratio['trace/bare']:.3f}x, --profile {ratio['profile/bare']:.3f}x "
@@ -245,7 +256,8 @@ def _gpu_report(steps: int, rounds: int, times: dict[str, list[float]], ratios: 
               f"the fixed end of the cell {end * 1000:.0f} ms ({end / overhead:.0%}), paid once per cell: "
               f"without it the ratio would be {(median['trace'] - end) / median['plain']:.3f}x")  # fmt: skip
     return {"steps": steps, "rounds": rounds, "times_s": times, "ratios": ratios, "median_ratio": ratio["trace"],
-            "record_ratio": ratio["record"], "phases": phases, "device": torch.cuda.get_device_name(0),
+            "record_ratio": ratio["record"], "snapshot_ratio": ratio["snapshot"], "phases": phases,
+            "device": torch.cuda.get_device_name(0),
             "torch": torch.__version__, "ok": ratio["trace"] <= GOAL_RATIO}  # fmt: skip
 
 

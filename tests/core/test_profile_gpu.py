@@ -11,6 +11,7 @@ import pytest
 from _harness import run_cell_capture
 from gpumem.core.profile import CellProfiler, operator_rows
 from gpumem.core.profile_events import read_operators
+from gpumem.core.profile_records import RecordsProfiler, read_records
 from gpumem.core.sources import SystemSource
 from gpumem.core.summary import summaries
 from gpumem.core.units import format_bytes
@@ -119,3 +120,40 @@ def test_fast_read_back_equals_key_averages_on_cuda(gpu: Any) -> None:
     assert sorted(row for row in table.rows if row.moved_memory()) == moving
     assert any(row.device_bytes for row in moving)
     assert table.calls == sum(row.calls for row in expected)
+
+
+def test_records_recorder_equals_key_averages_on_cuda(gpu: Any) -> None:
+    """``--profile``'s default recorder against Kineto's ``key_averages`` on a CUDA training loop: the
+    same rows and calls. Backward runs on autograd's device thread, so more than one thread records."""
+    torch = gpu.user_ns["torch"]
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    data = torch.randn(64, 256, device="cuda")
+
+    def steps() -> None:
+        for _ in range(5):
+            optimizer.zero_grad()
+            model(data).square().mean().backward()
+            optimizer.step()
+        torch.cuda.synchronize()
+
+    def kineto() -> list[Any]:
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=True) as recorder:
+            steps()
+        return operator_rows(recorder.key_averages(group_by_input_shape=True))
+
+    kineto()  # each measured run starts from the same state: the blocks before it allocated while recording
+    recorder = RecordsProfiler(torch)
+    recorder.start()
+    try:
+        steps()
+    finally:
+        records = recorder.stop()
+    assert len([thread for thread in records if thread]) > 1, "one thread: backward's device thread is untested"
+    table = read_records(records)
+    assert table is not None
+    expected = kineto()
+    moving = sorted(row for row in expected if row.moved_memory())
+    assert sorted(row for row in table.rows if row.moved_memory()) == moving
+    assert any(row.device_bytes for row in moving)

@@ -1,14 +1,16 @@
-"""``%%gpumem --profile``: PyTorch's profiler around one cell, and the operators that allocated most.
+"""``%%gpumem --profile``: PyTorch's operator recorder around one cell, and the operators that allocated most.
 
-``torch.profiler.profile(profile_memory=True, record_shapes=True)`` records every operator call
-with the memory it allocated and freed (CPU always; CUDA when a device is available). Its figures
-are net: bytes allocated minus bytes freed inside the call, so an operator that frees more than it
-allocates shows a negative figure; "self" counts the operator alone, "total" adds the operators it
-called. The table is read straight from the profiler's results (``profile_events``), as
-``key_averages`` would group them, in about an eighth of its time. The profiler has no cap on the events it
-keeps, so its own cost is measured (the time to stop it and to read its events back, and the change of
-this process's resident memory) and said under the table. torch is only looked up in
-``sys.modules``: importing it here would cost seconds inside the cell being measured.
+PyTorch records every operator call with the memory it allocated and freed (CPU always; CUDA when a
+device is available). The figures are net: bytes allocated minus bytes freed inside the call, so an
+operator that frees more than it allocates shows a negative figure; "self" counts the operator
+alone, "total" adds the operators it called; the rows are those of ``key_averages(
+group_by_input_shape=True)``. Two recorders give them: by default PyTorch's CPU-side recorder
+(``profile_records``: no Kineto trace to build when it stops, read in one pass per thread), else
+``torch.profiler.profile(profile_memory=True, record_shapes=True)``, whose results are read
+straight (``profile_events``) in about an eighth of ``key_averages``' time. Neither caps the
+calls it keeps, so the cost is measured (the time to stop and to read back, and the change of this
+process's resident memory) and said under the table. torch is only looked up in ``sys.modules``:
+importing it here would cost seconds inside the cell being measured.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from typing import Any, NamedTuple
 from gpumem.core.cells.formatting import STYLE
 from gpumem.core.cuda_fault import cuda_faults, status_text
 from gpumem.core.profile_events import OperatorMemory, read_operators, shapes_text, sort_rows
+from gpumem.core.profile_records import RecordsProfiler, read_records
+from gpumem.core.profile_records import available as records_available
 from gpumem.core.torch_state import no_torch_reason
 from gpumem.core.units import format_bytes
 
 __all__ = [
+    "DEFAULT_RECORDER",
     "DEFAULT_TOP_OPERATORS",
     "MANY_OPERATOR_CALLS",
+    "RECORDERS",
     "CellProfiler",
     "OperatorMemory",
     "ProfileCost",
@@ -37,6 +43,10 @@ __all__ = [
 ]
 
 DEFAULT_TOP_OPERATORS = 15
+# "records": PyTorch's CPU-side operator recorder, read by gpumem (profile_records); "kineto":
+# torch.profiler.profile, read by profile_events (where torch lacks the first, it is used anyway).
+RECORDERS = ("records", "kineto")
+DEFAULT_RECORDER = "records"
 MANY_OPERATOR_CALLS = 1_000_000  # beyond this the profiler's own events take hundreds of MB of host memory
 # Past this many seconds after the cell a shorter cell is advised: PyTorch stopping its profiler and the
 # read-back both grow with the calls recorded (152,405 and 4.2 s for a 300-step training loop on an H200).
@@ -185,8 +195,17 @@ def operator_rows(events: Iterable[Any]) -> list[OperatorMemory]:
 class CellProfiler:
     """``start()`` before the cell, ``stop()`` after it; nothing here raises into the user's cell."""
 
-    def __init__(self, top: int = DEFAULT_TOP_OPERATORS, rss: Callable[[], int | None] | None = None) -> None:
+    def __init__(
+        self,
+        top: int = DEFAULT_TOP_OPERATORS,
+        rss: Callable[[], int | None] | None = None,
+        *,
+        recorder: str = DEFAULT_RECORDER,
+    ) -> None:
+        if recorder not in RECORDERS:
+            raise ValueError(f"recorder must be one of {', '.join(RECORDERS)}, not {recorder!r}")
         self.top = top
+        self.recorder = recorder
         self._rss = rss or _current_rss
         self._profiler: Any = None
         self._cuda = False
@@ -198,16 +217,25 @@ class CellProfiler:
         profiler = getattr(torch, "profiler", None)
         if torch is None or profiler is None or not hasattr(profiler, "profile"):
             return no_torch_reason("profile this one")
-        if getattr(getattr(torch.autograd, "profiler", None), "_is_profiler_enabled", False):
+        if _profiler_running(torch):
             return "a PyTorch profiler is already running in this process (a second one would disturb it)"
         faults = cuda_faults()
         if faults:  # the profiler's CUDA calls would fail again
             return "; ".join(status_text(fault) for fault in faults.values())
-        activities = [profiler.ProfilerActivity.CPU]
         self._cuda = _cuda_available(torch)
+        self._rss_before = self._rss()
+        if self.recorder == "records" and records_available(torch):
+            records = RecordsProfiler(torch)
+            try:
+                records.start()
+            except Exception:  # noqa: S110 - a torch whose recorder takes other arguments: Kineto's instead
+                pass
+            else:
+                self._profiler = records
+                return None
+        activities = [profiler.ProfilerActivity.CPU]
         if self._cuda:
             activities.append(profiler.ProfilerActivity.CUDA)
-        self._rss_before = self._rss()
         recorder = profiler.profile(activities=activities, profile_memory=True, record_shapes=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "CUDA is not available" and similar notes from the profiler
@@ -223,9 +251,14 @@ class CellProfiler:
         began = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            recorder.__exit__(None, None, None)
-            stopped = time.perf_counter()
-            rows, calls = _read_back(recorder)
+            if isinstance(recorder, RecordsProfiler):
+                records = recorder.stop()
+                stopped = time.perf_counter()
+                rows, calls = _read_records(records)
+            else:
+                recorder.__exit__(None, None, None)
+                stopped = time.perf_counter()
+                rows, calls = _read_back(recorder)
         grouped = time.perf_counter()
         cost = ProfileCost(stopped - began, grouped - stopped, self._rss_before, self._rss(), calls)
         return ProfileReport(rows, cost, cuda=self._cuda, top=self.top, cell=cell)
@@ -233,10 +266,30 @@ class CellProfiler:
     def abandon(self) -> None:
         """Stop without a report (the extension is unloading with a cell in flight)."""
         recorder, self._profiler = self._profiler, None
-        if recorder is not None:
+        if isinstance(recorder, RecordsProfiler):
+            recorder.stop()
+        elif recorder is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 recorder.__exit__(None, None, None)
+
+
+def _read_records(records: Any) -> tuple[list[OperatorMemory], int]:
+    table = read_records(records)
+    if table is None:
+        raise ValueError("PyTorch's operator records were not as expected")
+    return table.rows, table.calls
+
+
+def _profiler_running(torch: Any) -> bool:
+    """Whether a PyTorch profiler of any kind records in this process already."""
+    if getattr(getattr(torch.autograd, "profiler", None), "_is_profiler_enabled", False):
+        return True
+    enabled = getattr(torch.autograd, "_profiler_enabled", None)
+    try:
+        return bool(enabled()) if callable(enabled) else False
+    except Exception:
+        return False
 
 
 def _read_back(recorder: Any) -> tuple[list[OperatorMemory], int]:

@@ -19,12 +19,12 @@ from typing import Any, NamedTuple
 
 from gpumem.core.collector import collector_paused
 
-__all__ = ["MEMORY_EVENT", "OperatorMemory", "OperatorTable", "read_operators", "shapes_text", "sort_rows"]
+__all__ = ["LEFT_OUT", "MEMORY_EVENT", "OperatorMemory", "OperatorTable", "read_operators", "shapes_text", "sort_rows"]
 
 MEMORY_EVENT = "[memory]"
 OUT_OF_MEMORY_EVENT = "[OutOfMemory]"
 # Utility calls PyTorch leaves out of its tables (torch.autograd.profiler_util._filter_name).
-_LEFT_OUT = frozenset(
+LEFT_OUT = frozenset(
     {
         MEMORY_EVENT,
         OUT_OF_MEMORY_EVENT,
@@ -201,7 +201,7 @@ class _Reader:
         add_call, kept = self.calls.append, 0
         for index, event in enumerate(events):
             raw = event.name()
-            if raw in _LEFT_OUT:
+            if raw in LEFT_OUT:
                 if raw == MEMORY_EVENT:
                     self.memory.append((event.start_ns(), *self._bytes(event), index, event))
                 elif raw == OUT_OF_MEMORY_EVENT:

@@ -45,7 +45,7 @@ class CellRequest(NamedTuple):
     options: CellOptions
     top: int | None  # None: the configured default
     trace: TraceRequest | None = None  # --trace: where the cell's memory came from
-    profile: bool = False  # --profile: PyTorch's profiler, the operators that allocated most
+    profile: bool = False  # --profile: PyTorch's operator recorder, the operators that allocated most
     predict: PredictRequest | None = None  # --predict / --batch: a dry run instead of running the cell
 
 
@@ -89,7 +89,7 @@ class CellRequest(NamedTuple):
 @argument(
     "--profile",
     action="store_true",
-    help="run PyTorch's profiler (torch.profiler, with memory and input shapes; CPU, and CUDA when available) "
+    help="record PyTorch's operator calls (with memory and input shapes; CPU, and CUDA when available) "
     "while the cell runs and show the operators that allocated most, and what profiling cost",
 )
 @argument(
