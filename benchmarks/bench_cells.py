@@ -365,7 +365,7 @@ def main() -> int:
     from IPython.core.interactiveshell import InteractiveShell
 
     from gpumem.core.holders import find_holders
-    from gpumem.core.monitor import Monitor, set_default_monitor
+    from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
     from gpumem.testing import MIB, FakeSource
 
     cuda = torch.cuda.is_available()

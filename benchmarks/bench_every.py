@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 
 
 def per_call_us(call: Callable[[], object], repeat: int, rounds: int = 5) -> float:

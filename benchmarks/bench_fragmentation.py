@@ -29,7 +29,7 @@ if str(SRC) not in sys.path:
 
 from gpumem.core.cells.conditions import ToldConditions, device_warnings  # noqa: E402
 from gpumem.core.cells.record import DeviceChange  # noqa: E402
-from gpumem.core.fragmentation import ReserveReader, free_reserve  # noqa: E402
+from gpumem.core.diagnoses.fragmentation import ReserveReader, free_reserve  # noqa: E402
 from gpumem.testing import GIB, MIB, FakeSource  # noqa: E402
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import psutil
 
-from gpumem.core.monitor import Monitor
-from gpumem.core.sampler import DEFAULT_RATE_HZ
-from gpumem.panel.traffic import CommRecorder
+from _harness.traffic import CommRecorder
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.sampling.sampler import DEFAULT_RATE_HZ
 from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, MIB, FakeSource
 

@@ -40,9 +40,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench_sampler import make_step
-from gpumem.core.profile import operator_rows
-from gpumem.core.profile_events import read_operators
-from gpumem.core.profile_records import RecordsProfiler, read_records
+from gpumem.core.diagnoses.profile import operator_rows
+from gpumem.core.diagnoses.profile_events import read_operators
+from gpumem.core.diagnoses.profile_records import RecordsProfiler, read_records
 
 
 def record(step: Callable[[], None], steps: int, device: str) -> Any:

@@ -27,9 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _paired
-from gpumem.core.monitor import Monitor
-from gpumem.core.sampler import DEFAULT_RATE_HZ
-from gpumem.core.sources import NvmlSource, SystemSource, TorchAllocatorSource
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.readers.sources import NvmlSource, SystemSource, TorchAllocatorSource
+from gpumem.core.sampling.sampler import DEFAULT_RATE_HZ
 
 
 def per_call_us(call: Callable[[], object], repeat: int = 20_000) -> float:

@@ -1,7 +1,7 @@
 """What gpumem's background threads take from the user's main thread, and why.
 
 With the panel shown (a view emulated: no browser on the GPU box, so widgets and the status comm
-publish into :class:`gpumem.panel.traffic.CommRecorder`, which serializes every message as the kernel
+publish into :class:`_harness.traffic.CommRecorder`, which serializes every message as the kernel
 would), three threads run at default settings: the sampler (``gpumem-sampler``), the panel writer
 (``gpumem-panel-writer``) and the status comm publisher (``gpumem-status``). Measured:
 
@@ -239,7 +239,7 @@ class Probe:
 
 
 def make_monitor(cuda: bool) -> Any:
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.testing import GIB, FakeSource
 
     if cuda:
@@ -254,7 +254,7 @@ def threads_on(probe: Probe, cuda: bool, settle_s: float) -> Iterator[None]:
     """Sampler + shown panel + a status comm a front end confirmed, as with the panel visible in JupyterLab."""
     from comm.base_comm import CommManager
 
-    from gpumem.core.monitor import set_default_monitor
+    from gpumem.core.monitoring.monitor import set_default_monitor
     from gpumem.panel import frontend
     from gpumem.panel.widget import Panel
 
@@ -288,12 +288,12 @@ def threads_off(settle_s: float) -> Iterator[None]:
 
 def snapshot_cost_us(cuda: bool, reads: int = 2_000) -> dict[str, dict[str, float]]:
     """One snapshot, and one allocator read of device 0, timed call by call on a warm source."""
-    from gpumem.core.sources import SystemSource
+    from gpumem.core.readers.sources import SystemSource
 
     source = SystemSource()  # without CUDA: the host reading only (what a CPU machine's snapshot is)
     calls: dict[str, Any] = {"whole snapshot" if cuda else "whole snapshot (host only, no CUDA)": source.snapshot}
     if cuda:
-        from gpumem.core.sources import TorchAllocatorSource
+        from gpumem.core.readers.sources import TorchAllocatorSource
 
         allocator = TorchAllocatorSource()
         calls["allocator read, one device"] = lambda: allocator.read(0)
@@ -355,7 +355,7 @@ def main() -> int:
         torch.zeros(1, device="cuda")
     budget = args.budget or (60.0 if cuda else 40.0)
     iterations = args.iterations or (4_000_000 if cuda else 2_000_000)
-    from gpumem.panel.traffic import CommRecorder
+    from _harness.traffic import CommRecorder
 
     check = method_check()
     print(method_check_line(check))

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpumem.core.timeline import Timeline
+from gpumem.core.sampling.timeline import Timeline
 
 RATE_HZ = 10.0
 DAY_S = 24 * 3600

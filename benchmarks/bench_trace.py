@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpumem.core.collector import collector_paused
+from _harness.synthetic_trace import synthetic_snapshot, training_snapshot
+from gpumem.core.gc_pause import collector_paused
 from gpumem.core.trace import CellSnapshot, build_report
-from gpumem.core.trace.synthetic import synthetic_snapshot, training_snapshot
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+

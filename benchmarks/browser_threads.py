@@ -50,7 +50,7 @@ def driven_monitor(stop: threading.Event | None = None) -> Any:
     """A monitor over an 80 GiB fake device whose allocations change every 50 ms, like a training loop's
     (until ``stop`` is set)."""
     import bench_panel
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.testing import GIB, FakeSource
 
     source = FakeSource(total_bytes=80 * GIB)
@@ -132,7 +132,7 @@ def real_run(seconds: float, settle_s: float) -> tuple[dict[str, Any], dict[str,
         run_cell(
             page,
             f"import sys\nsys.path.insert(0, {str(BENCH_DIR)!r})\nimport browser_threads as bt\n"
-            "from gpumem.core.monitor import set_default_monitor\nset_default_monitor(bt.driven_monitor())",
+            "from gpumem.core.monitoring.monitor import set_default_monitor\nset_default_monitor(bt.driven_monitor())",
             timeout=120,
         )
         run_cell(page, "%load_ext gpumem", timeout=120)
@@ -156,8 +156,8 @@ def real_run(seconds: float, settle_s: float) -> tuple[dict[str, Any], dict[str,
 
 def emulated_run(seconds: float, settle_s: float) -> dict[str, Any]:
     """The same monitor and driver with the views emulated: bench_threads' set-up plus a sidebar panel."""
-    from gpumem.core.monitor import default_monitor
-    from gpumem.panel.traffic import CommRecorder
+    from _harness.traffic import CommRecorder
+    from gpumem.core.monitoring.monitor import default_monitor
     from gpumem.panel.widget import Panel
 
     stop = threading.Event()

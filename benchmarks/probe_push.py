@@ -78,9 +78,9 @@ def _calls(function: Callable[[], object]) -> int:
 
 def run(devices: int, pushes: int) -> tuple[list[int], list[int], list[str]]:
     """Header and curve calls per push, and the scenario's message digests."""
-    from gpumem.core.monitor import Monitor
+    from _harness.traffic import CommRecorder
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.panel import commands, widget
-    from gpumem.panel.traffic import CommRecorder
     from gpumem.panel.writer import shared_writer
     from gpumem.testing import GIB, MIB, FakeSource
 

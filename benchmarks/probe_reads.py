@@ -14,7 +14,7 @@ import resource
 import time
 from collections.abc import Callable
 
-from gpumem.core.sources import SystemSource
+from gpumem.core.readers.sources import SystemSource
 
 
 def _parts(source: SystemSource) -> dict[str, Callable[[], object]]:

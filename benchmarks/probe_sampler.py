@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpumem.core.sampler import Sampler
-from gpumem.core.sources import SystemSource
-from gpumem.core.timeline import Timeline
+from gpumem.core.readers.sources import SystemSource
+from gpumem.core.sampling.sampler import Sampler
+from gpumem.core.sampling.timeline import Timeline
 
 PERIOD_S = 0.1
 

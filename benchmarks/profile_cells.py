@@ -49,7 +49,7 @@ def _shell(vars_mode: str, *, cuda_init: bool = True) -> Any:
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
-    from gpumem.core.monitor import Monitor, set_default_monitor
+    from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
     from gpumem.testing import MIB, FakeSource
 
     if torch.cuda.is_available():
@@ -94,8 +94,8 @@ def _timed_hooks(shell: Any) -> list[float]:
 def _parts() -> dict[str, float]:
     """Time the main parts of a measured cell; each call adds its duration to the returned dict by name."""
     from gpumem.core.cells import tracker as tracker_module
-    from gpumem.core.sources import SystemSource
-    from gpumem.core.spans import Stretch
+    from gpumem.core.monitoring.spans import Stretch
+    from gpumem.core.readers.sources import SystemSource
     from gpumem.ipython import extension
 
     state, hooks = extension.get_state(), extension.get_hooks()

@@ -59,7 +59,7 @@ def _timed(function: Callable[..., Any], label: str, parts: dict[str, list[tuple
 
 
 def _instrument(parts: dict[str, list[tuple[float, float]]]) -> None:
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.panel import view, widget
 
     owners: dict[str, Any] = {"Panel": widget.Panel, "widget": widget, "PanelView": view.PanelView}
@@ -95,8 +95,8 @@ def main() -> int:
 
         if torch.cuda.is_available():
             torch.zeros(1, device="cuda")  # as in a notebook that put a tensor on the GPU
+    from _harness.traffic import CommRecorder
     from gpumem.panel import widget
-    from gpumem.panel.traffic import CommRecorder
 
     parts: dict[str, list[tuple[float, float]]] = {}
     _instrument(parts)

@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--history", type=float, default=0.0, help="seconds of samples recorded before opening")
     parser.add_argument("--history-rate", type=float, default=2.0, help="samples per second in that history")
     args = parser.parse_args()
-    from gpumem.panel.traffic import CommRecorder
+    from _harness.traffic import CommRecorder
     from gpumem.panel.widget import Panel
 
     profiler = cProfile.Profile() if args.profile else None

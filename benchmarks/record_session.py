@@ -92,8 +92,8 @@ def execute(notebook: Path, export: Path, cell_timeout: int, executed: Path) -> 
 def describe(export: Path, require_cuda: bool) -> tuple[list[str], list[str]]:
     """What the export holds, and what is wrong with it as the README's source."""
     sys.path.insert(0, str(REPO / "src"))
-    from gpumem.core.session_io import read_session
-    from gpumem.core.session_view import LoadedSession
+    from gpumem.core.sessions.loaded_session import LoadedSession
+    from gpumem.core.sessions.session_file import read_session
 
     problems: list[str] = []
     size = export.stat().st_size

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpumem._version import __version__
 
 if TYPE_CHECKING:
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
 
 __all__ = [
     "CsvWriter",
@@ -102,15 +102,15 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def __getattr__(name: str) -> Any:
     if name == "Monitor":
-        from gpumem.core.monitor import Monitor
+        from gpumem.core.monitoring.monitor import Monitor
 
         return Monitor
     if name in ("CsvWriter", "JsonlWriter", "TensorBoardWriter"):
-        from gpumem.core import writers
+        from gpumem.core.scripts import metric_writers as writers
 
         return getattr(writers, name)
     if name == "ThresholdEvent":
-        from gpumem.core.thresholds import ThresholdEvent
+        from gpumem.core.sampling.thresholds import ThresholdEvent
 
         return ThresholdEvent
     if name == "Panel":

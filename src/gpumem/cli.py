@@ -1,4 +1,4 @@
-"""The command line: ``python -m gpumem run script.py [args...]`` (the logic is gpumem.core.scriptrun)."""
+"""The command line: ``python -m gpumem run script.py [args...]`` (the logic is gpumem.core.scripts.runner)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.rate <= 0:
         sys.stderr.write(f"gpumem run: --rate takes a positive number of samples per second, not {options.rate}\n")
         return 2
-    from gpumem.core.scriptrun import run_script
+    from gpumem.core.scripts.runner import run_script
 
     return run_script(options.script, list(options.args), save=options.save, rate_hz=options.rate)

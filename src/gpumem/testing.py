@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpumem._fake_allocator import SegmentAllocator
-from gpumem.core.cuda_fault import cuda_faults, healthy, status_text
-from gpumem.core.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
+from gpumem.core.readers.cuda_fault import cuda_faults, healthy, status_text
+from gpumem.core.readers.readings import AllocatorReading, DeviceInfo, DeviceReading, HostReading, Snapshot
 from gpumem.core.units import GIB, MIB
 
 __all__ = ["GIB", "MIB", "FakeSource"]

@@ -142,7 +142,7 @@ def walk_cpu_tensors() -> None:
 @contextlib.contextmanager
 def gpumem_loaded(shell: InteractiveShell, source: Any = None) -> Iterator[InteractiveShell]:
     """``shell`` with gpumem loaded over a monitor of ``source`` (the real system when None), unloaded after."""
-    from gpumem.core.monitor import Monitor, set_default_monitor
+    from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
 
     set_default_monitor(Monitor() if source is None else Monitor(source))
     assert shell.run_cell("%load_ext gpumem").success  # type: ignore[no-untyped-call]
@@ -156,7 +156,7 @@ def gpumem_loaded(shell: InteractiveShell, source: Any = None) -> Iterator[Inter
 @pytest.fixture
 def fake_monitor() -> Iterator[Any]:
     """A monitor over gpumem's fake allocator as the default one (what the extension loads), for the test."""
-    from gpumem.core.monitor import Monitor, set_default_monitor
+    from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
     from gpumem.testing import FakeSource
 
     monitor = Monitor(FakeSource())

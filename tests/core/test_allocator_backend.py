@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 
 from _harness import run_cell_capture
-from gpumem.core import allocator_backend as backend_module
-from gpumem.core.allocator_backend import (
+from gpumem.core.cells import CellOptions, CellTracker
+from gpumem.core.diagnoses.fragmentation import ReserveReader, read_segments, worth_a_look
+from gpumem.core.diagnoses.summary import AllocatorSummary, build_summary
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.readers import allocator_backend as backend_module
+from gpumem.core.readers.allocator_backend import (
     ASYNC,
     NATIVE,
     AllocatorBackend,
@@ -24,10 +28,6 @@ from gpumem.core.allocator_backend import (
     not_native_reason,
     parse_alloc_conf,
 )
-from gpumem.core.cells import CellOptions, CellTracker
-from gpumem.core.fragmentation import ReserveReader, read_segments, worth_a_look
-from gpumem.core.monitor import Monitor
-from gpumem.core.summary import AllocatorSummary, build_summary
 from gpumem.core.trace import TraceRecorder
 from gpumem.testing import GIB, MIB, FakeSource
 
@@ -175,7 +175,7 @@ def test_trace_says_in_one_line_that_allocation_sites_need_the_native_allocator(
 
 
 def test_trace_and_status_in_the_shell(ip: Any, monkeypatch: pytest.MonkeyPatch, async_env: None) -> None:
-    from gpumem.core.monitor import set_default_monitor
+    from gpumem.core.monitoring.monitor import set_default_monitor
 
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

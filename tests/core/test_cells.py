@@ -23,7 +23,7 @@ from gpumem.core.cells import (
     first_line_of,
     source_key,
 )
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.testing import GIB, MIB, FakeSource
 
 
@@ -446,7 +446,7 @@ def test_output_cache_entries_are_reported_as_hidden(cpu_tracker: CellTracker, f
 
 
 def _reading(allocated: int, peak: int, device: int = 0) -> Any:
-    from gpumem.core.sources import AllocatorReading
+    from gpumem.core.readers.sources import AllocatorReading
 
     return AllocatorReading(device, allocated, allocated, allocated, 0, peak, peak, 0, 0)
 
@@ -471,7 +471,7 @@ def test_the_peak_exactness_rule(
     reset_in_cell: bool,
     expected: tuple[int, bool, str],
 ) -> None:
-    from gpumem.core.peaks import cell_peak
+    from gpumem.core.monitoring.peaks import cell_peak
 
     peak = cell_peak(
         _reading(*before) if before is not None else None,

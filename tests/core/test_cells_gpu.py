@@ -211,7 +211,7 @@ def _blocks(segment: dict[str, Any]) -> list[tuple[int, str]]:
 
 @pytest.fixture
 def no_expandable_segments() -> None:
-    from gpumem.core.fragmentation import expandable_segments_on
+    from gpumem.core.diagnoses.fragmentation import expandable_segments_on
 
     if expandable_segments_on():
         pytest.skip("expandable segments are on: the allocator does not fragment this way")
@@ -229,7 +229,7 @@ def _run_without_fragmentation_claims(shell: Any, cells: list[str]) -> None:
 @pytest.mark.usefixtures("no_expandable_segments")
 def test_one_large_free_block_is_no_fragmentation(gpu: Any) -> None:
     """x = 1 GiB, a 2 GiB transient freed, two 64 MiB tensors: 1.875 GiB free in one block (the H200 report)."""
-    from gpumem.core.fragmentation import free_reserve
+    from gpumem.core.diagnoses.fragmentation import free_reserve
 
     torch = gpu.user_ns["torch"]
     assert gpu.run_cell("%gpumem auto on").success
@@ -257,7 +257,7 @@ def test_one_large_free_block_is_no_fragmentation(gpu: Any) -> None:
 @pytest.mark.usefixtures("no_expandable_segments")
 def test_real_fragmentation_is_told_once_and_explains_the_oom(gpu: Any) -> None:
     """12 x 1 GiB freed, 12 x 600 MiB taken: each segment keeps 424 MiB free beside a live tensor."""
-    from gpumem.core.fragmentation import free_reserve
+    from gpumem.core.diagnoses.fragmentation import free_reserve
 
     torch = gpu.user_ns["torch"]
     assert gpu.run_cell("%gpumem auto on").success
@@ -305,7 +305,7 @@ def test_real_fragmentation_is_told_once_and_explains_the_oom(gpu: Any) -> None:
 def test_after_a_deep_free_with_little_allocated_no_fragmentation_claim(gpu: Any) -> None:
     """A 32 MiB tensor left in a freed 2 GiB block: empty_cache cannot return the segment, but the rest is one
     free block, usable by any request up to its size."""
-    from gpumem.core.fragmentation import free_reserve
+    from gpumem.core.diagnoses.fragmentation import free_reserve
 
     torch = gpu.user_ns["torch"]
     assert gpu.run_cell("%gpumem auto on").success

@@ -12,8 +12,8 @@ import pytest
 from _harness import cpu_holders
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.cells.report import CellReport, CellSummary, HistoryTable, record_to_dict
-from gpumem.core.monitor import Monitor
-from gpumem.core.sampler import channels_of
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.sampling.sampler import channels_of
 from gpumem.testing import MIB, FakeSource
 
 ACTIVATIONS = "activations (saved by autograd graphs)"
@@ -237,7 +237,7 @@ def test_host_memory_growing_alike_on_three_reruns_is_a_leak(fake: FakeSource) -
 
 
 def test_a_workspace_estimate_stays_labelled_one_in_the_kinds_line() -> None:
-    from gpumem.core.cells.kinds import kind_changes, kinds_brief, kinds_line, read_kinds
+    from gpumem.core.cells.kind_changes import kind_changes, kinds_brief, kinds_line, read_kinds
     from gpumem.core.holders.model import KindTotal
 
     before = read_kinds(type("R", (), {"kinds": (KindTotal("cuBLAS workspaces", 32 * MIB, "", estimate=False),)})())
@@ -325,7 +325,7 @@ def test_counted_growth_that_is_no_loop_keeping_results_is_not_called_out(fake: 
 def test_samples_that_fell_or_ran_ahead_rule_a_counted_staircase_out() -> None:
     from gpumem.core.cells.patterns import counted_staircase
     from gpumem.core.cells.record import DeviceChange
-    from gpumem.core.readings import AllocatorReading
+    from gpumem.core.readers.readings import AllocatorReading
 
     def reading(allocated: int, live: int) -> AllocatorReading:
         return AllocatorReading(0, allocated, allocated, allocated, 0, allocated, allocated, 0, 0, live)
@@ -346,7 +346,7 @@ def test_samples_that_fell_or_ran_ahead_rule_a_counted_staircase_out() -> None:
 
 def test_a_short_loop_in_automatic_mode_at_the_idle_rate(ip: Any) -> None:
     from _harness import run_cell_capture
-    from gpumem.core.monitor import set_default_monitor
+    from gpumem.core.monitoring.monitor import set_default_monitor
     from gpumem.ipython import extension
 
     fake = FakeSource()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from _harness import cpu_holders, run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
-from gpumem.core.sampler import DEFAULT_RATE_HZ
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
+from gpumem.core.sampling.sampler import DEFAULT_RATE_HZ
 from gpumem.ipython import extension as _extension
 from gpumem.testing import MIB, FakeSource
 

@@ -35,7 +35,7 @@ def test_one_gib_tensor_is_one_gib_to_the_byte():
     result = _run(
         """
         import json, torch
-        from gpumem.core.sources import SystemSource
+        from gpumem.core.readers.sources import SystemSource
         source = SystemSource()
         torch.zeros(1, device="cuda:0")
         before = source.snapshot().allocator_for(0)
@@ -58,7 +58,7 @@ def test_sampler_before_cuda_use_creates_no_context_and_fork_still_works():
         """
         import json, os, time
         import torch
-        from gpumem.core.monitor import Monitor
+        from gpumem.core.monitoring.monitor import Monitor
         monitor = Monitor(rate_hz=200).start()
         time.sleep(0.5)
         snap = monitor.snapshot(process_memory=True)
@@ -96,7 +96,7 @@ def test_device_info_matches_torch_by_uuid():
     result = _run(
         """
         import json, torch
-        from gpumem.core.sources import SystemSource
+        from gpumem.core.readers.sources import SystemSource
         source = SystemSource()
         torch.zeros(1, device="cuda:0")
         source.snapshot()
@@ -129,7 +129,7 @@ def test_uuid_in_cuda_visible_devices_maps_before_and_after_init():
     result = _run(
         """
         import json, torch
-        from gpumem.core.sources import SystemSource
+        from gpumem.core.readers.sources import SystemSource
         source = SystemSource()
         before = source.device_info(0)
         torch.zeros(1, device="cuda:0")
@@ -150,7 +150,7 @@ def test_untouched_devices_get_no_context():
     result = _run(
         """
         import json, torch
-        from gpumem.core.monitor import Monitor
+        from gpumem.core.monitoring.monitor import Monitor
         monitor = Monitor(rate_hz=100).start()
         torch.zeros(1, device="cuda:0")
         import time; time.sleep(0.3)
@@ -170,7 +170,7 @@ def test_memory_read_with_the_gil_held_matches_pynvml_once_cuda_is_up():
     result = _run(
         """
         import json, pynvml, torch
-        from gpumem.core.sources import SystemSource
+        from gpumem.core.readers.sources import SystemSource
         source = SystemSource()
         before = source.snapshot()  # CUDA not initialized yet: pynvml's own call
         torch.zeros(1, device="cuda:0")

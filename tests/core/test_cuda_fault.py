@@ -19,7 +19,8 @@ from _harness import run_cell_capture
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.cells.report import CellReport, CellSummary
 from gpumem.core.cleanup import free
-from gpumem.core.cuda_fault import (
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
+from gpumem.core.readers.cuda_fault import (
     FROZEN_PREFIX,
     clear_faults,
     cuda_faults,
@@ -27,7 +28,6 @@ from gpumem.core.cuda_fault import (
     record_fault,
     sticky_cuda_error,
 )
-from gpumem.core.monitor import Monitor, set_default_monitor
 from gpumem.panel.header import build_header
 from gpumem.testing import MIB, FakeSource
 
@@ -271,7 +271,7 @@ def test_a_peak_reset_that_fails_so_is_recognised() -> None:
 
 
 def test_the_summary_says_its_counters_are_the_last_ones() -> None:
-    from gpumem.core.summary import build_summary
+    from gpumem.core.diagnoses.summary import build_summary
 
     record_fault(device_assert(), 3, device=0)
     (note,) = build_summary({"allocated_bytes.all.current": MIB}, 0, None).notes()

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from gpumem.core.sources import NvmlSource, SystemSource
+from gpumem.core.readers.sources import NvmlSource, SystemSource
 
 
 class _Memory(NamedTuple):
@@ -156,7 +156,7 @@ def test_system_snapshot_reports_every_visible_device(nvml, monkeypatch):
 def test_a_slow_gil_held_read_turns_the_held_reads_off(nvml: types.ModuleType) -> None:
     import ctypes
 
-    from gpumem.core import nvml as nvml_module
+    from gpumem.core.readers import nvml as nvml_module
 
     class Memory(ctypes.Structure):
         _fields_ = (("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong))
@@ -184,7 +184,7 @@ def test_a_slow_gil_held_read_turns_the_held_reads_off(nvml: types.ModuleType) -
 def test_a_failed_gil_held_read_falls_back_to_pynvml(nvml: types.ModuleType) -> None:
     import ctypes
 
-    from gpumem.core import nvml as nvml_module
+    from gpumem.core.readers import nvml as nvml_module
 
     class Memory(ctypes.Structure):
         _fields_ = (("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong))

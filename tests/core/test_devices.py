@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumem.core.devices import (
+from gpumem.core.readers.devices import (
     DeviceSelection,
     DeviceSpec,
     describe_devices,

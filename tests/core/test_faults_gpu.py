@@ -29,7 +29,7 @@ def test_cuda_malloc_async_summary_trace_and_status(
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     cells = [
         (
-            "import torch\nfrom gpumem.core.allocator_backend import allocator_backend\nb = allocator_backend()\n"
+            "import torch\nfrom gpumem.core.readers.allocator_backend import allocator_backend\nb = allocator_backend()\n"
             "print('backend', b.name, b.from_torch, torch.cuda.is_initialized())"
         ),
         "%load_ext gpumem",
@@ -106,7 +106,7 @@ def test_a_device_side_assert_with_the_panel_open_and_automatic_mode_on(
             "print('header', 'in an error state since cell [6]' in head, 'Device used (NVML)' in head)"
         ),  # [13]
         (
-            "from gpumem.core.monitor import default_monitor\ns = default_monitor().snapshot()\n"
+            "from gpumem.core.monitoring.monitor import default_monitor\ns = default_monitor().snapshot()\n"
             "print('read', len(s.devices), s.host is not None, s.allocator)"
         ),  # [14]
     ]

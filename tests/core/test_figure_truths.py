@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gpumem.core import oom
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.cells.history import history_dataframe, history_rows, record_to_dict, write_csv, write_json
 from gpumem.core.cells.report import CellReport
-from gpumem.core.monitor import Monitor
-from gpumem.core.sampler import RECENT_READS, Sampler
-from gpumem.core.timeline import Timeline
+from gpumem.core.diagnoses import oom
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.sampling.sampler import RECENT_READS, Sampler
+from gpumem.core.sampling.timeline import Timeline
 from gpumem.testing import GIB, MIB, FakeSource
 
 CAPPED = (

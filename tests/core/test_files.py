@@ -10,12 +10,12 @@ from typing import TextIO
 
 import pytest
 
+from gpumem.core.atomic_files import ForeignFileError, NotARegularFileError, replace_file, write_file
 from gpumem.core.cells.history import write_csv, write_json
-from gpumem.core.files import ForeignFileError, NotARegularFileError, replace_file, write_file
-from gpumem.core.session_io import capture_session, write_parquet, write_session
-from gpumem.core.timeline import Timeline
-from gpumem.core.trace.recorder import save_snapshot
-from gpumem.core.writers import CsvWriter
+from gpumem.core.sampling.timeline import Timeline
+from gpumem.core.scripts.metric_writers import CsvWriter
+from gpumem.core.sessions.session_file import capture_session, write_parquet, write_session
+from gpumem.core.trace.history_recorder import save_snapshot
 
 
 def ours(start: bytes) -> bool:

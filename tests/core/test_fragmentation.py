@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from gpumem._fake_allocator import SegmentAllocator
-from gpumem.core.fragmentation import (
+from gpumem.core.diagnoses.fragmentation import (
     FreeReserve,
     ReserveReader,
     free_reserve,
     read_segments,
     worth_a_look,
 )
-from gpumem.core.sources import AllocatorReading, SystemSource
+from gpumem.core.readers.sources import AllocatorReading, SystemSource
 from gpumem.testing import GIB, MIB, FakeSource
 
 ALLOCATED, FREE, PENDING = "active_allocated", "inactive", "active_pending_free"

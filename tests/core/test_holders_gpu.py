@@ -77,7 +77,7 @@ def test_oom_cell_then_deep_free_returns_to_baseline(cuda_ip: Any) -> None:
 def test_observer_figures_on_a_real_oom(cuda_ip: Any) -> None:
     import torch
 
-    from gpumem.core import oom
+    from gpumem.core.diagnoses import oom
 
     if not hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
         pytest.skip("this torch has no out-of-memory observer")
@@ -343,8 +343,8 @@ def test_device_used_split_reconciles_with_nvml() -> None:
 
     import torch
 
-    from gpumem.core.device_split import device_split
-    from gpumem.core.monitor import default_monitor
+    from gpumem.core.diagnoses.device_split import device_split
+    from gpumem.core.monitoring.monitor import default_monitor
 
     keep = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda:0")
     snapshot = default_monitor().source.snapshot(process_memory=True)

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpumem.core.device_split import DeviceSplit, device_split, device_split_text  # noqa: E402
+from gpumem.core.diagnoses.device_split import DeviceSplit, device_split, device_split_text  # noqa: E402
 from gpumem.core.holders import HolderReport, find_holders, render_html, render_text  # noqa: E402
 from gpumem.core.holders.kinds import kind_totals  # noqa: E402
 from gpumem.core.holders.model import (  # noqa: E402
@@ -21,7 +21,7 @@ from gpumem.core.holders.model import (  # noqa: E402
     Holder,
 )
 from gpumem.core.holders.remainder import block_size, split_remainder  # noqa: E402
-from gpumem.core.workspaces import (  # noqa: E402
+from gpumem.core.readers.workspaces import (  # noqa: E402
     WorkspaceSizes,
     clear_cublas_workspaces,
     cublas_workspace_bytes,
@@ -265,7 +265,7 @@ def test_device_split_without_the_per_process_figure() -> None:
 def test_cell_report_splits_device_used_under_the_device() -> None:
     from gpumem.core.cells import CellOptions, CellTracker
     from gpumem.core.cells.report import CellReport
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
 
     fake = FakeSource(context_bytes=520 * MIB, other_processes_bytes=64 * MIB)
     tracker = CellTracker(Monitor(fake), start_sampler=False)
@@ -290,7 +290,7 @@ def test_cell_report_splits_device_used_under_the_device() -> None:
 def test_cell_report_has_no_split_line_without_nvml() -> None:
     from gpumem.core.cells import CellOptions, CellTracker
     from gpumem.core.cells.report import CellReport
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
 
     fake = FakeSource(nvml=False)
     tracker = CellTracker(Monitor(fake), start_sampler=False)
@@ -395,7 +395,7 @@ def test_a_cell_line_labels_unattributed_an_estimate_when_the_workspaces_were_es
     say unattributed memory fell by 32 MiB as a fact: that figure is the estimate's other side."""
     from types import SimpleNamespace
 
-    from gpumem.core.cells.kinds import kind_changes, kinds_line, read_kinds
+    from gpumem.core.cells.kind_changes import kind_changes, kinds_line, read_kinds
 
     leaked = ("cuda:0", 7 << 20, 40 * MIB)  # a block no storage starts at, not a workspace's size
     read = split_remainder(40 * MIB, {}, {}, sizes=H200, blocks=[leaked])

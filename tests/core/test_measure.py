@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import gpumem
-from gpumem.core.monitor import Monitor, default_monitor, set_default_monitor
+from gpumem.core.monitoring.monitor import Monitor, default_monitor, set_default_monitor
 from gpumem.testing import GIB, MIB, FakeSource
 
 

@@ -12,8 +12,8 @@ from _harness import run_cell_capture
 
 torch = pytest.importorskip("torch")
 
-from gpumem.core import oom  # noqa: E402
-from gpumem.ipython.oom import install, uninstall  # noqa: E402
+from gpumem.core.diagnoses import oom  # noqa: E402
+from gpumem.ipython.oom_explainer import install, uninstall  # noqa: E402
 from gpumem.testing import FakeSource  # noqa: E402
 
 GIB = 1 << 30
@@ -140,7 +140,7 @@ def test_observer_figures_win_over_the_message(installed: Any) -> None:
     _, captured = run_cell_capture(
         ip,
         "import torch\n"
-        "from gpumem.core import oom\n"
+        "from gpumem.core.diagnoses import oom\n"
         f"oom._observer(0, {3 * GIB}, {80 * GIB}, {1 * GIB})\n"
         "raise torch.OutOfMemoryError('CUDA out of memory.')",
     )
@@ -150,7 +150,7 @@ def test_observer_figures_win_over_the_message(installed: Any) -> None:
 
 def test_observation_from_an_earlier_cell_is_not_used(installed: Any) -> None:
     ip, _ = installed
-    run_cell_capture(ip, f"from gpumem.core import oom\noom._observer(0, {3 * GIB}, {80 * GIB}, {1 * GIB})")
+    run_cell_capture(ip, f"from gpumem.core.diagnoses import oom\noom._observer(0, {3 * GIB}, {80 * GIB}, {1 * GIB})")
     _, captured = run_cell_capture(ip, f"import torch\nraise torch.OutOfMemoryError({NOT_FRAGMENTED!r})")
     text = outputs_text(captured)
     assert "requested 8.0 GiB" in text

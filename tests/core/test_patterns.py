@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gpumem.core.cells.kinds import kind_changes, kinds_line, read_kinds
+from gpumem.core.cells.kind_changes import kind_changes, kinds_line, read_kinds
 from gpumem.core.cells.patterns import Staircase, find_staircase, gradient_note, has_optimizer, staircase_warning
 from gpumem.core.cells.record import KindChange, VariableChange
 from gpumem.core.holders.model import KindTotal

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from _harness import gpumem_loaded, run_cell_capture
-from gpumem.core.profile import MANY_OPERATOR_CALLS, CellProfiler, ProfileCost, ProfileReport, operator_rows
+from gpumem.core.diagnoses.profile import MANY_OPERATOR_CALLS, CellProfiler, ProfileCost, ProfileReport, operator_rows
 
 MATRIX_BYTES = 1000 * 1000 * 4  # one float32 1000x1000 tensor
 

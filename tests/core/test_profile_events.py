@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.profile import CellProfiler, operator_rows
-from gpumem.core.profile_events import MEMORY_EVENT, OperatorMemory, read_operators
+from gpumem.core.diagnoses.profile import CellProfiler, operator_rows
+from gpumem.core.diagnoses.profile_events import MEMORY_EVENT, OperatorMemory, read_operators
 
 torch = pytest.importorskip("torch")
 
@@ -124,7 +124,7 @@ def test_unexpected_results_are_refused_not_raised() -> None:
 
 
 def test_the_report_falls_back_to_key_averages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gpumem.core.profile.read_operators", lambda results, torch: None)
+    monkeypatch.setattr("gpumem.core.diagnoses.profile.read_operators", lambda results, torch: None)
     profiler = CellProfiler()
     assert profiler.start() is None
     matrix = torch.ones(500, 500)

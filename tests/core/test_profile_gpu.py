@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from _harness import run_cell_capture
-from gpumem.core.profile import CellProfiler, operator_rows
-from gpumem.core.profile_events import read_operators
-from gpumem.core.profile_records import RecordsProfiler, read_records
-from gpumem.core.sources import SystemSource
-from gpumem.core.summary import summaries
+from gpumem.core.diagnoses.profile import CellProfiler, operator_rows
+from gpumem.core.diagnoses.profile_events import read_operators
+from gpumem.core.diagnoses.profile_records import RecordsProfiler, read_records
+from gpumem.core.diagnoses.summary import summaries
+from gpumem.core.readers.sources import SystemSource
 from gpumem.core.units import format_bytes
 
 pytestmark = pytest.mark.gpu

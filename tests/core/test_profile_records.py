@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.profile import CellProfiler, operator_rows
-from gpumem.core.profile_events import MEMORY_EVENT, OperatorMemory
-from gpumem.core.profile_records import RecordsProfiler, available, read_records
+from gpumem.core.diagnoses.profile import CellProfiler, operator_rows
+from gpumem.core.diagnoses.profile_events import MEMORY_EVENT, OperatorMemory
+from gpumem.core.diagnoses.profile_records import RecordsProfiler, available, read_records
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not available(torch), reason="this torch has no CPU-side operator recorder")

@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from gpumem.core.monitor import Monitor, default_monitor, set_default_monitor
-from gpumem.core.sampler import Sampler, channel_device, channels_of
-from gpumem.core.sources import SystemSource
-from gpumem.core.timeline import Timeline
+from gpumem.core.monitoring.monitor import Monitor, default_monitor, set_default_monitor
+from gpumem.core.readers.sources import SystemSource
+from gpumem.core.sampling.sampler import Sampler, channel_device, channels_of
+from gpumem.core.sampling.timeline import Timeline
 from gpumem.testing import GIB, FakeSource
 
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 import gpumem
-from gpumem.core.monitor import Monitor, set_default_monitor
-from gpumem.core.peaks import KEPT_PEAK_NOTE, PEAK_RESET_NOTE, RUNNING
-from gpumem.core.readings import Snapshot
-from gpumem.core.spans import FIRST_TAG_NOTE, SpanRecord
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
+from gpumem.core.monitoring.peaks import KEPT_PEAK_NOTE, PEAK_RESET_NOTE, RUNNING
+from gpumem.core.monitoring.spans import FIRST_TAG_NOTE, SpanRecord
+from gpumem.core.readers.readings import Snapshot
 from gpumem.testing import GIB, MIB, FakeSource
 
 
@@ -73,7 +73,7 @@ def test_print_of_the_report_in_a_script_prints_the_table_once(tmp_path) -> None
     """In a real script: report() returns the table, print() writes it, once; mon.report() alone prints nothing."""
     script = tmp_path / "job.py"
     script.write_text(
-        "from gpumem.core.monitor import Monitor\n"
+        "from gpumem.core.monitoring.monitor import Monitor\n"
         "from gpumem.testing import FakeSource\n"
         "mon = Monitor(FakeSource())\n"
         "mon.snapshot('only_tag')\n"
@@ -122,7 +122,7 @@ def test_tag_peaks_are_exact_since_the_previous_tag(mon: Monitor, fake: FakeSour
 
 
 def test_a_reset_by_the_user_makes_the_tag_peak_a_labelled_lower_bound(mon: Monitor, fake: FakeSource) -> None:
-    resets = gpumem.core.peaks.PEAK_RESETS
+    resets = gpumem.core.monitoring.peaks.PEAK_RESETS
     mon.snapshot("start")
     fake.transient(GIB)
     with resets._lock:  # what the counting wrapper records when the user calls torch.cuda.reset_peak_memory_stats
@@ -331,7 +331,7 @@ def test_stop_ends_the_open_intervals(fake: FakeSource) -> None:
 def test_in_ipython_the_report_is_displayed_as_html_and_not_printed(ip) -> None:
     from _harness import run_cell_capture
 
-    ip.run_cell("from gpumem.core.monitor import Monitor\nfrom gpumem.testing import FakeSource")
+    ip.run_cell("from gpumem.core.monitoring.monitor import Monitor\nfrom gpumem.testing import FakeSource")
     ip.run_cell("mon = Monitor(FakeSource())\nmon.snapshot('before_model')\nmon.snapshot('after_model')")
     try:
         result, cap = run_cell_capture(ip, "mon.report()")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumem.core.distributed import RankFigures, RankReport
-from gpumem.core.spans import DeviceChange
+from gpumem.core.monitoring.spans import DeviceChange
+from gpumem.core.scripts.ranks import RankFigures, RankReport
 from gpumem.testing import GIB
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -22,7 +22,7 @@ JOB = """
     import json, os, sys
     import torch.distributed as dist
     import torch.multiprocessing as mp
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.testing import GIB, FakeSource
 
     def worker(rank, world, out):
@@ -78,7 +78,7 @@ def test_gather_shows_every_rank_and_the_imbalance_on_rank_0(tmp_path: Path) -> 
 
 def test_gather_without_a_process_group_says_what_to_do() -> None:
     pytest.importorskip("torch.distributed")
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
 
     with pytest.raises(RuntimeError, match="init_process_group"):
         Monitor().gather()

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.monitor import Monitor
-from gpumem.core.peaks import PEAK_RESET_NOTE
-from gpumem.core.session_io import read_session
-from gpumem.core.session_view import LoadedSession
-from gpumem.core.spans import SpanRecord
-from gpumem.core.thresholds import ThresholdEvent
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.monitoring.peaks import PEAK_RESET_NOTE
+from gpumem.core.monitoring.spans import SpanRecord
+from gpumem.core.sampling.thresholds import ThresholdEvent
+from gpumem.core.sessions.loaded_session import LoadedSession
+from gpumem.core.sessions.session_file import read_session
 
 pytestmark = pytest.mark.gpu
 
@@ -170,7 +170,7 @@ def test_gpumem_run_reports_the_exact_peak_of_a_cuda_script_and_saves_a_session_
 NCCL_JOB = """
     import json, os, sys
     import torch, torch.distributed as dist, torch.multiprocessing as mp
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
 
     def worker(rank, world, out):
         torch.cuda.set_device(rank)

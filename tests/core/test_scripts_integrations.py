@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.testing import MIB, FakeSource
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumem.core.monitor import Monitor
-from gpumem.core.thresholds import GpuMemoryWarning, ThresholdEvent
-from gpumem.core.writers import CsvWriter, JsonlWriter, TensorBoardWriter
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.sampling.thresholds import GpuMemoryWarning, ThresholdEvent
+from gpumem.core.scripts.metric_writers import CsvWriter, JsonlWriter, TensorBoardWriter
 from gpumem.testing import GIB, MIB, FakeSource
 
 TOTAL = 10 * GIB

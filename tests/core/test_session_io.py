@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from gpumem.core.atomic_files import ForeignFileError
 from gpumem.core.cells.history import write_json
 from gpumem.core.cells.record import CellRecord, CellWarning, DeviceChange, HostChange, VariableChange
-from gpumem.core.files import ForeignFileError
-from gpumem.core.readings import DeviceInfo
-from gpumem.core.session_io import (
+from gpumem.core.readers.readings import DeviceInfo
+from gpumem.core.sampling.timeline import Level, Timeline
+from gpumem.core.sessions.loaded_session import LoadedSession
+from gpumem.core.sessions.session_file import (
     ParquetUnavailableError,
     SavedReport,
     SessionData,
@@ -29,8 +31,6 @@ from gpumem.core.session_io import (
     write_parquet,
     write_session,
 )
-from gpumem.core.session_view import LoadedSession
-from gpumem.core.timeline import Level, Timeline
 from gpumem.testing import GIB, FakeSource
 
 M = 1 << 20

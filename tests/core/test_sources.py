@@ -4,9 +4,9 @@ from collections.abc import Callable
 
 import pytest
 
-from gpumem.core import devices
-from gpumem.core.nvml import _normal_bus_id
-from gpumem.core.sources import (
+from gpumem.core.readers import devices
+from gpumem.core.readers.nvml import _normal_bus_id
+from gpumem.core.readers.sources import (
     HostSource,
     NvmlSource,
     SystemSource,
@@ -46,7 +46,7 @@ def test_host_rss_follows_a_real_allocation():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/statm is Linux's")
 def test_host_rss_from_statm_is_psutils_figure_and_psutil_takes_over_when_it_fails(monkeypatch):
     psutil = pytest.importorskip("psutil")
-    from gpumem.core import sources
+    from gpumem.core.readers import sources
 
     source = HostSource()
     process = psutil.Process()
@@ -68,7 +68,7 @@ def test_host_rss_from_statm_is_psutils_figure_and_psutil_takes_over_when_it_fai
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/meminfo is Linux's")
 def test_machine_memory_from_meminfo_is_psutils_figure_and_psutil_takes_over_without_it(monkeypatch):
     psutil = pytest.importorskip("psutil")
-    from gpumem.core import sources
+    from gpumem.core.readers import sources
 
     source = HostSource()
     assert source._meminfo is not None and source._meminfo._pread is not None  # read with the GIL held

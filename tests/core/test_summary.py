@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.files import ForeignFileError
-from gpumem.core.summary import (
+from gpumem.core.atomic_files import ForeignFileError
+from gpumem.core.diagnoses.summary import (
     JSON_MARKER,
     SummaryUnavailableError,
     build_summary,

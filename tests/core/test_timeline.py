@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from _harness import SRC_DIR
-from gpumem.core.timeline import DEFAULT_LEVELS, Level, Timeline, decimate_min_max
+from gpumem.core.sampling.timeline import DEFAULT_LEVELS, Level, Timeline, decimate_min_max
 
 
 def test_raw_samples_come_back_unchanged_when_few():
@@ -371,7 +371,7 @@ def test_window_arrays_agrees_with_window_and_shares_nothing_with_the_store():
 def test_the_store_imports_numpy_only_when_read():
     code = (
         "import sys\n"
-        "from gpumem.core.timeline import Timeline\n"
+        "from gpumem.core.sampling.timeline import Timeline\n"
         "timeline = Timeline()\n"
         "for i in range(100):\n"
         "    timeline.append(i * 0.1, {'a': float(i)})\n"

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gpumem.core.timeline import DEFAULT_LEVELS, Level, Series, Timeline
+from gpumem.core.sampling.timeline import DEFAULT_LEVELS, Level, Series, Timeline
 
 INF = math.inf
 

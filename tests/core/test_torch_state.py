@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpumem.core import torch_state as state_module
-from gpumem.core.sources import SystemSource, TorchAllocatorSource
-from gpumem.core.torch_state import TorchCase, cuda_device_count, torch_state
+from gpumem.core.readers import torch_state as state_module
+from gpumem.core.readers.sources import SystemSource, TorchAllocatorSource
+from gpumem.core.readers.torch_state import TorchCase, cuda_device_count, torch_state
 
 
 def _fake_torch(*, cuda_version: str | None, count: int, initialized: bool = False) -> Any:

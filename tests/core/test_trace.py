@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from gpumem.core.collector import collector_paused
+from _harness.synthetic_trace import synthetic_snapshot
+from gpumem.core.gc_pause import collector_paused
 from gpumem.core.trace import SKIPPED_ACTIONS, CellSnapshot, TraceRecorder, build_report, save_snapshot
 from gpumem.core.trace.analysis import analyse_device, analyse_snapshot
+from gpumem.core.trace.site_timeline import build_timeline, render_svg
 from gpumem.core.trace.sites import SiteNamer
-from gpumem.core.trace.synthetic import synthetic_snapshot
-from gpumem.core.trace.timeline import build_timeline, render_svg
 
 MIB = 1 << 20
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trace_snapshot.json"

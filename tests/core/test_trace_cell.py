@@ -138,8 +138,8 @@ def test_the_costs_of_the_end_of_a_traced_cell_are_kept_by_phase(shell: Any) -> 
     snapshot comes from a stand-in recorder here (no CUDA), then is analysed and shown for real."""
     from IPython.utils.capture import capture_output
 
+    from _harness.synthetic_trace import training_snapshot
     from gpumem.core.trace import CellSnapshot
-    from gpumem.core.trace.synthetic import training_snapshot
     from gpumem.ipython import cell_recorders
 
     snapshot = training_snapshot(20)

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from _harness.synthetic_trace import synthetic_snapshot
 from gpumem.core.trace import CellSnapshot, build_report
 from gpumem.core.trace.analysis import analyse_snapshot
-from gpumem.core.trace.synthetic import synthetic_snapshot
-from gpumem.core.trace.timeline import _Slices, build_timeline
+from gpumem.core.trace.site_timeline import _Slices, build_timeline
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trace_snapshot.json"
 CELLS = {"/tmp/ipykernel_42/2817.py": 2, "/tmp/ipykernel_42/1001.py": 3, "/tmp/ipykernel_42/1002.py": 4}

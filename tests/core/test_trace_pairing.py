@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from _harness.synthetic_trace import synthetic_snapshot, training_snapshot
 from gpumem.core.trace import analysis
 from gpumem.core.trace.analysis import DeviceTrace, analyse_device
 from gpumem.core.trace.sites import SiteNamer
-from gpumem.core.trace.synthetic import synthetic_snapshot, training_snapshot
 
 _FILES = ["/usr/lib/python3/dist-packages/torch/nn/functional.py", "/home/me/train.py", "<ipython-input-4-ab>",
           "/usr/lib/python3/dist-packages/torch/optim/adamw.py", "<frozen runpy>"]  # fmt: skip
@@ -93,7 +93,7 @@ def test_a_stack_sharing_the_innermost_and_user_frame_dicts_is_still_told_apart(
 
 
 def test_the_timeline_drawn_from_the_analysis_arrays_equals_one_from_the_lists() -> None:
-    from gpumem.core.trace.timeline import _Events, build_timeline
+    from gpumem.core.trace.site_timeline import _Events, build_timeline
 
     trace = analyse_device(training_snapshot(30), 0)
     assert _Events(trace).deltas is trace.arrays[1]  # the analysis's arrays are reused

@@ -34,7 +34,7 @@ def test_oom_under_a_memory_fraction_shows_the_cap_and_the_device_apart() -> Non
         """
         import json, time
         import torch
-        from gpumem.core import oom
+        from gpumem.core.diagnoses import oom
         from gpumem.core.units import format_bytes
         torch.cuda.set_per_process_memory_fraction(0.05, 0)
         total = torch.cuda.mem_get_info(0)[1]
@@ -82,7 +82,7 @@ def test_a_device_past_the_real_count_is_refused_before_cuda_starts() -> None:
         import torch
         from IPython.core.interactiveshell import InteractiveShell
         from IPython.utils.capture import capture_output
-        from gpumem.core.sources import SystemSource
+        from gpumem.core.readers.sources import SystemSource
         shell = InteractiveShell.instance()
         count = torch.cuda.device_count()
         source_count = SystemSource().device_count()

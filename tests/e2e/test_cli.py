@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from gpumem.core.session_io import read_session
+from gpumem.core.sessions.session_file import read_session
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

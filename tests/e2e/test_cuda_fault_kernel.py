@@ -13,7 +13,7 @@ pytestmark = pytest.mark.kernel
 
 _SETUP = """
 import time, torch
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
 from gpumem.testing import MIB, FakeSource
 
 class Counting(FakeSource):

@@ -170,7 +170,7 @@ def test_the_session_recording_runs_and_exports(tmp_path: Path, jupyter_env: Jup
     by %gpumem who and the out-of-memory error explained."""
     import nbformat
 
-    from gpumem.core.session_io import read_session
+    from gpumem.core.sessions.session_file import read_session
 
     done = subprocess.run(
         [sys.executable, str(RECORD_SESSION), "--out", str(tmp_path), "--name", "session.json"],

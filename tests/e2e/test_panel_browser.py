@@ -484,7 +484,7 @@ def test_readme_pictures_from_the_recorded_gpu_session(jupyter_server: JupyterSe
     """%gpumem load of the committed GPU session draws cuda:0's allocated, reserved and device-used curves
     (not host RSS), moving, with the recorded cell marks; the README's pictures of the panel and of a cell's
     report are taken from it, and the one of %gpumem who from the notebook that recorded it."""
-    from gpumem.core.session_io import read_session
+    from gpumem.core.sessions.session_file import read_session
     from gpumem.core.units import format_delta
     from gpumem.panel.curves import MAX_CELL_MARKS, _mark_label
 

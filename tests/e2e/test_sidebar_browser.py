@@ -473,11 +473,11 @@ def test_publisher_sends_a_comm_a_payload_only_when_it_changed(frontend: Any, mo
 def test_publisher_publishes_with_the_samplers_beat(frontend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """While the sampler runs (here at 1 Hz, out of step with the comm's opening), each publication goes
     right after a sample: what the status bar shows is fresh, and the thread wakes with the sampler."""
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.testing import FakeSource
 
     monitor = Monitor(FakeSource())
-    monkeypatch.setattr("gpumem.core.monitor._default", monitor)
+    monkeypatch.setattr("gpumem.core.monitoring.monitor._default", monitor)
     monkeypatch.setattr(frontend, "PUBLISH_INTERVAL_S", 1.0)
     monkeypatch.setattr(frontend, "_last_external_publish", 0.0)
     sampled: list[float] = []
@@ -509,13 +509,13 @@ def test_publisher_publishes_with_the_samplers_beat(frontend: Any, monkeypatch: 
 
 
 def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.panel import frontend as _frontend
 
     # The figures come from the shared monitor's source: a fresh one, on a machine whose only GPU is the
     # fake torch below (no NVML).
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr("gpumem.core.monitor._default", Monitor())
+    monkeypatch.setattr("gpumem.core.monitoring.monitor._default", Monitor())
 
     class NotInitialized:
         def is_initialized(self) -> bool:
@@ -548,13 +548,13 @@ def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.
 
 
 def test_status_payload_is_the_samplers_snapshot_when_it_samples(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpumem.core.monitor import Monitor
+    from gpumem.core.monitoring.monitor import Monitor
     from gpumem.panel.status import StatusReader
     from gpumem.testing import GIB, FakeSource
 
     source = FakeSource(devices=2, total_bytes=40 * GIB)
     monitor = Monitor(source)
-    monkeypatch.setattr("gpumem.core.monitor._default", monitor)
+    monkeypatch.setattr("gpumem.core.monitoring.monitor._default", monitor)
     source.allocate(3 * GIB, 1)
     reader = StatusReader()
     # Not listening and no sample: one snapshot read through the monitor.

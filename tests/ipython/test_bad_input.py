@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 
 from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.cells import CellOptions, CellTracker
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
 from gpumem.testing import GIB, MIB, FakeSource
 
@@ -189,7 +189,7 @@ def test_a_holder_report_reads_as_the_who_table() -> None:
 def test_a_failing_optional_part_is_named_as_the_user_knows_it(
     ip: Any, fake: FakeSource, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpumem.ipython.oom import OomExplainer
+    from gpumem.ipython.oom_explainer import OomExplainer
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("hook refused")
@@ -200,7 +200,7 @@ def test_a_failing_optional_part_is_named_as_the_user_knows_it(
         assert ip.run_cell("%load_ext gpumem").success
         err = capsys.readouterr().err
         assert "gpumem: the out-of-memory explanation failed (install): RuntimeError: hook refused" in err
-        assert "gpumem.core.oom" not in err
+        assert "gpumem.core.diagnoses.oom" not in err
         assert run_cell_capture(ip, "%gpumem status")[0].success  # the rest of the extension works
     finally:
         ip.run_cell("%unload_ext gpumem")
@@ -316,7 +316,7 @@ def test_bad_input_in_a_real_kernel_is_one_line_and_keeps_the_data(jupyter_env: 
 
 
 def test_a_timeline_refuses_what_would_corrupt_it() -> None:
-    from gpumem.core.timeline import Timeline
+    from gpumem.core.sampling.timeline import Timeline
 
     timeline = Timeline()
     timeline.append(1.0, {"a": 1.0})

@@ -13,7 +13,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from _harness import JupyterEnv, make_notebook, run_cell_capture, run_notebook
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.ipython import extension as _extension
 from gpumem.ipython.cell_magic import HeaderTransformer
 from gpumem.ipython.hooks import CellHooks
@@ -89,7 +89,7 @@ def test_loading_twice_and_unloading_twice_change_nothing(ip: Any, fake_monitor:
 
 def test_the_loaded_hooks_explain_an_out_of_memory_error_once(ip: Any, fake_monitor: Monitor) -> None:
     pytest.importorskip("torch")
-    from gpumem.core import oom
+    from gpumem.core.diagnoses import oom
 
     observers = oom._state.observers
     assert ip.run_cell("%load_ext gpumem").success

@@ -10,7 +10,7 @@ import pytest
 
 from _harness import run_cell_capture
 from gpumem.core.cells.history import HistoryTable
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
 from gpumem.testing import MIB, FakeSource
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st  # noqa: E402
 from IPython.core.error import UsageError  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
-from gpumem.core.monitor import Monitor, set_default_monitor  # noqa: E402
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor  # noqa: E402
 from gpumem.testing import MIB, FakeSource  # noqa: E402
 
 _SETTINGS = settings(

@@ -11,8 +11,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from _harness import gpumem_loaded, run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
-from gpumem.core.sources import SystemSource
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
+from gpumem.core.readers.sources import SystemSource
 from gpumem.testing import FakeSource
 
 

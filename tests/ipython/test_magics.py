@@ -400,7 +400,7 @@ def test_host_rss_of_a_256_mib_array(real_shell: Any) -> None:
 
 def test_host_peak_of_a_transient_array(real_shell: Any) -> None:
     pytest.importorskip("numpy")
-    from gpumem.core.sources import HostSource
+    from gpumem.core.readers.sources import HostSource
 
     reading = HostSource().read()
     assert reading is not None

@@ -11,7 +11,7 @@ import pytest
 
 from _harness import run_cell_capture
 from gpumem.core.cells import CellRecord
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
 from gpumem.core.units import format_bytes
 from gpumem.ipython import extension as _extension
 from gpumem.testing import GIB, MIB, FakeSource

@@ -20,7 +20,7 @@ from traitlets.config import Config, PyFileConfigLoader
 
 from _harness import gpumem_loaded, run_cell_capture
 from gpumem.core.cells import history as history_module
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension as _extension
 from gpumem.testing import MIB, FakeSource
 

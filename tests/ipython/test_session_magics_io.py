@@ -14,8 +14,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from _harness import gpumem_loaded, run_cell_capture
-from gpumem.core.monitor import Monitor, set_default_monitor
-from gpumem.core.session_io import read_session
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
+from gpumem.core.sessions.session_file import read_session
 from gpumem.ipython import extension as _extension
 from gpumem.testing import MIB, FakeSource
 

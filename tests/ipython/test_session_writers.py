@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from _harness import SRC_DIR, gpumem_loaded, run_cell_capture
-from gpumem.core.session_io import SessionData, capture_session, read_session, write_session
+from gpumem.core.sessions.session_file import SessionData, capture_session, read_session, write_session
 from gpumem.ipython import extension as _extension
 from gpumem.testing import MIB, FakeSource
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from _harness import run_cell_capture
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.ipython import extension as _extension
 
 MIB = 1 << 20

@@ -17,7 +17,7 @@ import pytest
 
 from _harness import run_cell_capture
 from gpumem.core.holders import find_holders
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.panel.holders import TOP_ROWS, build_holders, render_holders
 from gpumem.panel.routing import widget_comms
 from gpumem.panel.widget import Panel, close_all
@@ -173,7 +173,7 @@ def test_a_measured_cells_report_is_one_pick_away(ip: Any) -> None:
 
 
 def test_after_an_out_of_memory_error_the_panel_shows_the_explanation(ip: Any, monitor: Monitor) -> None:
-    from gpumem.core import oom
+    from gpumem.core.diagnoses import oom
     from gpumem.panel.cell_source import note_oom
 
     message = "CUDA out of memory. Tried to allocate 1.50 GiB (GPU 0; 79.19 GiB total capacity)"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.panel.curves import (
     MARK_GROUP_PX,
     MARK_LABEL_BAND_PX,

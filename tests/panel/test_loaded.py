@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from _harness import gpumem_loaded
-from gpumem.core.readings import DeviceInfo
-from gpumem.core.session_io import SessionData, capture_session, read_session, write_session
-from gpumem.core.timeline import Timeline
+from gpumem.core.readers.readings import DeviceInfo
+from gpumem.core.sampling.timeline import Timeline
+from gpumem.core.sessions.session_file import SessionData, capture_session, read_session, write_session
 from gpumem.panel.loaded import LoadedPanel, close_loaded
 from gpumem.testing import GIB, MIB, FakeSource
 

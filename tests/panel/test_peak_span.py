@@ -11,8 +11,8 @@ import pytest
 
 from gpumem.core.cells.record import CellOptions
 from gpumem.core.cells.tracker import CellTracker
-from gpumem.core.monitor import Monitor
-from gpumem.core.peaks import RunningPeak, kept_counter_exact
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.monitoring.peaks import RunningPeak, kept_counter_exact
 from gpumem.core.units import Amount
 from gpumem.panel.header import build_header, render_header
 from gpumem.panel.widget import Panel, close_all

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from gpumem.core.monitor import Monitor
-from gpumem.core.timeline import Timeline
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.sampling.timeline import Timeline
 from gpumem.panel.curves import build_curve_frame, with_span_mark
+from gpumem.panel.monitor_feed import PeaksSinceOpen
 from gpumem.panel.options import make_options
-from gpumem.panel.readings import PeaksSinceOpen
 from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, MIB, FakeSource
 

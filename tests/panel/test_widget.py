@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
-from gpumem.core.devices import parse_devices
-from gpumem.core.monitor import Monitor
-from gpumem.core.peaks import RunningPeak
-from gpumem.core.timeline import Timeline
+from _harness.traffic import CommRecorder
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.monitoring.peaks import RunningPeak
+from gpumem.core.readers.devices import parse_devices
+from gpumem.core.sampling.timeline import Timeline
 from gpumem.ipython import panel_magics as widget
 from gpumem.panel import widget as widget_module
 from gpumem.panel.curves import (
@@ -33,7 +34,6 @@ from gpumem.panel.curves import (
     sample_rate_hz,
 )
 from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_rate, parse_threshold, parse_window
-from gpumem.panel.traffic import CommRecorder
 from gpumem.panel.widget import Panel, close_all
 from gpumem.panel.writer import shared_writer
 from gpumem.testing import GIB, MIB, FakeSource

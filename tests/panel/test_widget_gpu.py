@@ -38,8 +38,8 @@ _TRAINING = """
 import json, threading, time
 import torch
 from gpumem.panel.widget import Panel, close_all
-from gpumem.panel.traffic import CommRecorder
-from gpumem.core.monitor import Monitor
+from _harness.traffic import CommRecorder
+from gpumem.core.monitoring.monitor import Monitor
 
 MIB = 1 << 20
 with CommRecorder() as recorder:
@@ -134,8 +134,8 @@ def test_allocated_curve_follows_a_training_loop_and_free_reclaims_the_cache() -
 _PEAK_BETWEEN_SAMPLES = """
 import json, re
 import torch
-from gpumem.core.monitor import Monitor
-from gpumem.core.peaks import reset_raised_peaks
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.monitoring.peaks import reset_raised_peaks
 from gpumem.panel.widget import Panel, close_all
 
 GIB = 1 << 30

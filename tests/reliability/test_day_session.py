@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import gpumem.testing as testing_module
-from gpumem.core.monitor import Monitor
-from gpumem.core.sampler import MAX_RATE_HZ as DEFAULT_RATE_HZ  # the fastest rate a view asks for
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.sampling.sampler import MAX_RATE_HZ as DEFAULT_RATE_HZ  # the fastest rate a view asks for
 from gpumem.panel.curves import build_curve_frame
 from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, MAX_POINTS_PER_LINE, WINDOW_PRESETS, PanelOptions
 from gpumem.testing import GIB, MIB, FakeSource

@@ -17,7 +17,7 @@ from typing_extensions import Self
 
 from _harness import run_cell_capture
 from gpumem.core.cells.history import history_rows
-from gpumem.core.monitor import Monitor, set_default_monitor
+from gpumem.core.monitoring.monitor import Monitor, set_default_monitor
 from gpumem.ipython import extension
 from gpumem.testing import MIB, FakeSource
 

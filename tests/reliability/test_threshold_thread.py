@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.testing import GIB, FakeSource
 
 

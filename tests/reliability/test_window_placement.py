@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from gpumem.core.timeline import Timeline
+from gpumem.core.sampling.timeline import Timeline
 
 SPIKE_AT_S = 1430.2
 

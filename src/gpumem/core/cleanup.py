@@ -32,12 +32,12 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from gpumem.core.cuda_fault import cuda_faults, record_fault, status_text
 from gpumem.core.holders import find_holders, hidden_references
-from gpumem.core.holders.snapshot import stable_list
+from gpumem.core.holders.stable_read import stable_list
+from gpumem.core.readers.cuda_fault import cuda_faults, record_fault, status_text
+from gpumem.core.readers.workspaces import CLEAR_CALL, clear_cublas_workspaces
 from gpumem.core.runtime import ipython_shell
 from gpumem.core.units import format_bytes, format_delta
-from gpumem.core.workspaces import CLEAR_CALL, clear_cublas_workspaces
 
 __all__ = [
     "DeviceReclaim",
@@ -130,13 +130,13 @@ def free(deep: bool = False, shell: Any = None, source: Any = None, *, workspace
     re-allocates them).
 
     Safe to call from any thread, also while a cell runs (calls are serialized by a lock). ``source`` is a
-    :class:`~gpumem.core.sources.MemorySource` (the shared monitor's by default); ``shell`` defaults to the
+    :class:`~gpumem.core.readers.sources.MemorySource` (the shared monitor's by default); ``shell`` defaults to the
     running IPython shell.
     """
     started = time.perf_counter()
     with _free_lock:
         if source is None:
-            from gpumem.core.monitor import default_monitor
+            from gpumem.core.monitoring.monitor import default_monitor
 
             source = default_monitor().source
         if shell is None:
@@ -182,7 +182,7 @@ def empty_cache(source: Any) -> str:
 
 
 def _empty_cache(source: Any) -> str:
-    """``empty_cache()`` unless CUDA is in an error state (:mod:`gpumem.core.cuda_fault`); what went wrong, or ""."""
+    """``empty_cache()`` unless CUDA is in an error state (:mod:`gpumem.core.readers.cuda_fault`); what went wrong, or ""."""
     if not cuda_faults():
         try:
             source.empty_cache()
@@ -247,7 +247,7 @@ def _allocator_readings(source: Any) -> dict[int, tuple[int, int]]:
 
 
 def _mark_timeline(source: Any, result: FreeResult) -> None:
-    from gpumem.core.monitor import default_monitor
+    from gpumem.core.monitoring.monitor import default_monitor
 
     monitor = default_monitor()
     if monitor.source is source:

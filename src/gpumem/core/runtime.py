@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gpumem.core.sources import MemorySource
+from gpumem.core.readers.sources import MemorySource
 
 __all__ = ["cuda_source", "ipython_shell"]
 
@@ -29,6 +29,6 @@ def cuda_source(source: MemorySource | None) -> MemorySource | None:
     cuda = getattr(torch, "cuda", None)
     if cuda is None or not cuda.is_initialized():
         return None
-    from gpumem.core.monitor import default_monitor
+    from gpumem.core.monitoring.monitor import default_monitor
 
     return default_monitor().source

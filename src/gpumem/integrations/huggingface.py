@@ -16,7 +16,7 @@ except ImportError:
         "gpumem.integrations.huggingface needs transformers: pip install jupyter-gpumem[huggingface]"
     ) from None
 
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 
 __all__ = ["GpumemTrainerCallback", "attach"]
 

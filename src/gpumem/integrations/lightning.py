@@ -17,7 +17,7 @@ except ImportError:  # the older package name
             "gpumem.integrations.lightning needs PyTorch Lightning: pip install jupyter-gpumem[lightning]"
         ) from None
 
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 
 __all__ = ["GpumemCallback"]
 

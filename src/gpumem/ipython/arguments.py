@@ -22,8 +22,8 @@ from IPython.core import magic_arguments as _magic_arguments
 from IPython.core.error import UsageError
 
 from gpumem.core import units
-from gpumem.core.devices import DEVICE_GRAMMAR, DeviceSelection, describe_devices, parse_devices
-from gpumem.core.sources import MemorySource
+from gpumem.core.readers.devices import DEVICE_GRAMMAR, DeviceSelection, describe_devices, parse_devices
+from gpumem.core.readers.sources import MemorySource
 from gpumem.core.units import AMOUNT_GRAMMAR, Amount
 
 __all__ = [
@@ -187,7 +187,7 @@ def parse_path(option: str, text: str | None) -> Path | None:
 
 
 def parse_device_option(text: str | None, default: str = "cuda") -> DeviceSelection:
-    """Any command's ``--device`` (:func:`gpumem.core.devices.parse_devices`); a bad name is a UsageError."""
+    """Any command's ``--device`` (:func:`gpumem.core.readers.devices.parse_devices`); a bad name is a UsageError."""
     try:
         return parse_devices(text, default=default)
     except ValueError as error:

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any, NamedTuple, cast
 
 from gpumem.core.cells import CellOptions
-from gpumem.core.sources import MemorySource
+from gpumem.core.readers.sources import MemorySource
 from gpumem.core.trace import DEFAULT_MAX_ENTRIES
 from gpumem.ipython.arguments import (
     DEVICE_HELP,

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from gpumem.core.collector import collector_paused
-from gpumem.core.profile import CellProfiler, ProfileReport
+from gpumem.core.diagnoses.profile import CellProfiler, ProfileReport
+from gpumem.core.gc_pause import collector_paused
 from gpumem.core.trace import CellSnapshot, TraceRecorder, build_report, save_snapshot
 from gpumem.ipython.arguments import complain, display
 

@@ -16,12 +16,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from gpumem.core.monitor import default_monitor
+from gpumem.core.monitoring.monitor import default_monitor
 from gpumem.ipython.arguments import complain
 from gpumem.ipython.cell_magic import HeaderTransformer
 from gpumem.ipython.hooks import CellHooks
 from gpumem.ipython.magics import GpuMemMagics
-from gpumem.ipython.oom import OomExplainer
+from gpumem.ipython.oom_explainer import OomExplainer
 from gpumem.ipython.state import ExtensionState, GpuMem, make_config
 
 __all__ = ["ExtensionState", "GpuMem", "get_hooks", "get_state", "load", "unload"]

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from gpumem.core.cells import STATUS_OUT_OF_MEMORY, ActiveCell, CellOptions, CellRecord
-from gpumem.core.cuda_fault import fault_explanation, is_sticky_cuda_error, record_fault, take_untold
-from gpumem.core.session_io import SavedReport
+from gpumem.core.readers.cuda_fault import fault_explanation, is_sticky_cuda_error, record_fault, take_untold
+from gpumem.core.sessions.session_file import SavedReport
 from gpumem.core.units import Amount
 from gpumem.ipython import cell_recorders as recorders
 from gpumem.ipython.arguments import complain, display
 from gpumem.ipython.cell_magic import CellRequest, HeaderTransformer, split_cell_header
-from gpumem.ipython.oom import OomExplainer
+from gpumem.ipython.oom_explainer import OomExplainer
 from gpumem.ipython.state import ExtensionState
 
 __all__ = ["CellHooks"]

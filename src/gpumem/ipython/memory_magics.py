@@ -6,7 +6,7 @@ from typing import Any
 
 from gpumem.core.cleanup import free
 from gpumem.core.holders import DEFAULT_MAX_DEPTH, find_holders, render_html, render_text
-from gpumem.core.monitor import default_monitor
+from gpumem.core.monitoring.monitor import default_monitor
 from gpumem.ipython.arguments import (
     DEVICE_HELP,
     UsageError,

@@ -6,7 +6,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpumem.core.monitor import default_monitor
+from gpumem.core.monitoring.monitor import default_monitor
 from gpumem.ipython.arguments import (
     DEVICE_HELP,
     THRESHOLD_HELP,

@@ -8,9 +8,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpumem.core.files import ForeignFileError
-from gpumem.core.readings import DeviceInfo, Snapshot
-from gpumem.core.session_io import (
+from gpumem.core.atomic_files import ForeignFileError
+from gpumem.core.diagnoses.summary import SummaryUnavailableError, read_stats, summaries, write_stats_json
+from gpumem.core.readers.readings import DeviceInfo, Snapshot
+from gpumem.core.sessions.loaded_session import LoadedSession
+from gpumem.core.sessions.session_file import (
     PARQUET_INSTALL,
     SavedReport,
     SessionData,
@@ -20,8 +22,6 @@ from gpumem.core.session_io import (
     write_parquet,
     write_session,
 )
-from gpumem.core.session_view import LoadedSession
-from gpumem.core.summary import SummaryUnavailableError, read_stats, summaries, write_stats_json
 from gpumem.ipython.arguments import (
     DEVICE_HELP,
     UsageError,
@@ -123,7 +123,7 @@ def magic_load(state: ExtensionState, line: str) -> None:
     """Show an exported session, read-only: its memory curves in the panel (in a notebook; elsewhere an inline
     SVG), the figures at export, its cell history and each cell's report. Nothing of the running session changes.
     The format is told by the file's content: JSON, or Parquet (needs pyarrow). In Python:
-    gpumem.core.session_io.read_session(PATH).
+    gpumem.core.sessions.session_file.read_session(PATH).
     """
     args = parse_argstring(magic_load, line)
     target = parse_path("path", args.path)

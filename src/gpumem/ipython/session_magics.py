@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpumem.core.allocator_backend import allocator_line
+from gpumem.core.atomic_files import ForeignFileError
 from gpumem.core.cells import CellRecord
-from gpumem.core.cuda_fault import fault_for
-from gpumem.core.files import ForeignFileError
+from gpumem.core.readers.allocator_backend import allocator_line
+from gpumem.core.readers.cuda_fault import fault_for
 from gpumem.core.units import format_bytes
 from gpumem.ipython.arguments import (
     THRESHOLD_HELP,

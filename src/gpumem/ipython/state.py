@@ -14,7 +14,7 @@ from traitlets.config import Config, Configurable
 
 from gpumem.core.cells import CellOptions, CellTracker
 from gpumem.core.cells.tracker import TRACKER_DEFAULTS
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.core.units import AMOUNT_GRAMMAR, MAX_SIZE_BYTES, MIB, Amount, parse_amount, parse_size
 from gpumem.ipython.arguments import complain, deprecated
 

@@ -29,7 +29,7 @@ _oom_numbers = itertools.count(1)
 
 
 def note_oom(report: Any) -> None:
-    """The newest out-of-memory explanation (a :class:`gpumem.core.oom.OomReport`), for the panels; None
+    """The newest out-of-memory explanation (a :class:`gpumem.core.diagnoses.oom.OomReport`), for the panels; None
     forgets it (the extension unloads)."""
     global _last_oom
     _last_oom = None if report is None else (next(_oom_numbers), report)

@@ -16,7 +16,7 @@ import ipywidgets as widgets
 
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.cells.report import CellReport
-from gpumem.core.oom import render_html
+from gpumem.core.diagnoses.oom import render_html
 from gpumem.core.units import format_delta
 from gpumem.panel.cell_source import cell_records, last_oom, set_cell_source
 

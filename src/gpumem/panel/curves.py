@@ -1,6 +1,6 @@
 """The plot of the panel: which lines, read from the monitor's timeline, on which axes, with which marks.
 
-:func:`build_curve_frame` reads one window from :class:`gpumem.core.timeline.Timeline` (the one store
+:func:`build_curve_frame` reads one window from :class:`gpumem.core.sampling.timeline.Timeline` (the one store
 of samples, min/max-decimated there so that every sampled peak stays visible) and computes everything
 one push of the plot needs, without any widget. :func:`curve_interval_s` says when the next push is due.
 """
@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpumem.core.sampler import MAX_RATE_HZ as MAX_SAMPLE_RATE_HZ
-from gpumem.core.sampler import channel_device
-from gpumem.core.timeline import Timeline
+from gpumem.core.sampling.sampler import MAX_RATE_HZ as MAX_SAMPLE_RATE_HZ
+from gpumem.core.sampling.sampler import channel_device
+from gpumem.core.sampling.timeline import Timeline
 from gpumem.core.units import GIB, MIB, format_bytes
 from gpumem.panel.options import MAX_POINTS_PER_LINE, MIN_POINTS_PER_LINE, PanelOptions
 

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from gpumem.core.cleanup import FreeResult, describe_one_line
 from gpumem.core.cleanup import free as free_memory
-from gpumem.core.sources import MemorySource
+from gpumem.core.readers.sources import MemorySource
 from gpumem.core.units import format_bytes
 
 __all__ = ["FreeOutcome", "FreeWorker", "free_message", "run_free"]

@@ -11,12 +11,12 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from gpumem.core.allocator_backend import native_allocator
-from gpumem.core.cuda_fault import cuda_faults, status_text
-from gpumem.core.peaks import RunningPeak
-from gpumem.core.sources import DeviceInfo, Snapshot
+from gpumem.core.monitoring.peaks import RunningPeak
+from gpumem.core.readers.allocator_backend import native_allocator
+from gpumem.core.readers.cuda_fault import cuda_faults, status_text
+from gpumem.core.readers.sources import DeviceInfo, Snapshot
 from gpumem.core.units import Amount, format_bytes
-from gpumem.panel.readings import capacities_of, device_indices
+from gpumem.panel.monitor_feed import capacities_of, device_indices
 
 __all__ = ["RECORDING_SPAN", "DeviceFigures", "HeaderModel", "HostFigures", "build_header", "render_header"]
 

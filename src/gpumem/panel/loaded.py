@@ -13,15 +13,15 @@ from __future__ import annotations
 import math
 import weakref
 
-from gpumem.core.peaks import RunningPeak
-from gpumem.core.sampler import channel_device
-from gpumem.core.session_io import SessionData
-from gpumem.core.sources import DeviceInfo
-from gpumem.core.timeline import Timeline
+from gpumem.core.monitoring.peaks import RunningPeak
+from gpumem.core.readers.sources import DeviceInfo
+from gpumem.core.sampling.sampler import channel_device
+from gpumem.core.sampling.timeline import Timeline
+from gpumem.core.sessions.session_file import SessionData
 from gpumem.panel.curves import build_curve_frame, layout_marks
 from gpumem.panel.header import RECORDING_SPAN, build_header, render_header
+from gpumem.panel.monitor_feed import capacities_of
 from gpumem.panel.options import COMPACT_PLOT_WIDTH_PX, PanelOptions, make_options
-from gpumem.panel.readings import capacities_of
 from gpumem.panel.view import PanelView
 
 __all__ = ["LoadedPanel", "close_loaded"]

@@ -3,7 +3,7 @@
 The options are spelled once, here: :func:`make_options`' keyword arguments are ``Panel(...)``'s and
 ``%gpumem monitor``'s (each option there is its ``--`` form). The parsers raise ``ValueError`` with one line
 that says what is accepted; the device and the threshold use the grammar of every command
-(:func:`gpumem.core.devices.parse_devices`, :func:`gpumem.core.units.parse_amount`).
+(:func:`gpumem.core.readers.devices.parse_devices`, :func:`gpumem.core.units.parse_amount`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import re
 from typing import NamedTuple
 
-from gpumem.core.devices import parse_devices
+from gpumem.core.readers.devices import parse_devices
 from gpumem.core.units import Amount, parse_amount
 
 __all__ = [

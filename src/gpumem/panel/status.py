@@ -9,7 +9,7 @@ The payload's shape is the front end's ``IStatusPayload`` (``js/src/protocol.ts`
 While the status bar is shown, a :class:`StatusReader` listens to the default monitor's sampler: when
 the sampler runs (a panel is shown, cells are measured) the payload is the newest sample, read by the
 sampler and by no one else. When it does not run, one snapshot is read through the monitor
-(:meth:`gpumem.core.monitor.Monitor.snapshot`), so the status bar never starts the sampler itself and
+(:meth:`gpumem.core.monitoring.monitor.Monitor.snapshot`), so the status bar never starts the sampler itself and
 the monitor's source stays the one reader of torch, NVML and psutil.
 """
 
@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpumem.core.monitor import default_monitor
-from gpumem.core.sources import DeviceInfo, Snapshot
-from gpumem.panel.readings import Readings, SampleBeat, capacities_of, describe_device
+from gpumem.core.monitoring.monitor import default_monitor
+from gpumem.core.readers.sources import DeviceInfo, Snapshot
+from gpumem.panel.monitor_feed import Readings, SampleBeat, capacities_of, describe_device
 
 __all__ = ["FRESH_S", "StatusPayload", "StatusReader", "status_payload"]
 

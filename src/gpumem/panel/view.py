@@ -17,7 +17,7 @@ import bqplot
 import ipywidgets as widgets
 import numpy as np
 
-from gpumem.core.sources import DeviceInfo
+from gpumem.core.readers.sources import DeviceInfo
 from gpumem.panel.curves import CAPACITY_COLOR, MARK_COLOR, CurveFrame, render_legend
 from gpumem.panel.options import (
     COMPACT_FIGURE_HEIGHT_PX,

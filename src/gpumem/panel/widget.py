@@ -2,7 +2,7 @@
 
 Threads, and who may touch widget state:
 
-* the sampler thread (shared through :func:`gpumem.core.monitor.default_monitor`) records samples into
+* the sampler thread (shared through :func:`gpumem.core.monitoring.monitor.default_monitor`) records samples into
   the monitor's timeline, the one store the curves are read from; a panel's listener keeps the newest
   snapshot and the peaks since open, nothing else;
 * the front end's messages (button clicks, option changes, view counts) are handled on a kernel
@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, cast
 
-from gpumem.core.monitor import Monitor, default_monitor
-from gpumem.core.sources import Snapshot
+from gpumem.core.monitoring.monitor import Monitor, default_monitor
+from gpumem.core.readers.sources import Snapshot
 from gpumem.panel.cells import CellsPane, cell_records, last_oom
 from gpumem.panel.commands import (
     AskConfirm,
@@ -55,17 +55,17 @@ from gpumem.panel.curves import (
 )
 from gpumem.panel.freeing import FreeOutcome, FreeWorker, free_message, run_free
 from gpumem.panel.header import build_header, render_header
+from gpumem.panel.monitor_feed import PeaksSinceOpen, Readings, SampleBeat, SamplerClaim, device_indices
 from gpumem.panel.options import (
     COMPACT_PLOT_HEIGHT_PX,
     COMPACT_PLOT_WIDTH_PX,
     PanelOptions,
     make_options,
 )
-from gpumem.panel.readings import PeaksSinceOpen, Readings, SampleBeat, SamplerClaim, device_indices
 from gpumem.panel.reclaiming import HoldersControl
 from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
-from gpumem.panel.views import ViewCount, sending_page
+from gpumem.panel.view_count import ViewCount, sending_page
 from gpumem.panel.writer import IDLE_WAIT_S, PushSchedule, close_all, register, shared_writer, unregister
 from gpumem.panel.writer import open_panels as _open_panels
 

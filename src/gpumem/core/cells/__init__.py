@@ -11,7 +11,7 @@ is the highest sampled value, a lower bound, unless the counter rose above its e
 The package: ``record`` (the records and options), ``tracker`` (:class:`CellTracker`), ``changes``
 (per-device and host figures), ``attribution`` (which variables grew), ``warnings``, ``report``
 (text and HTML), ``history`` (the history table and its files), ``measure`` (``gpumem.measure``);
-whether a peak is exact is :mod:`gpumem.core.peaks`.
+whether a peak is exact is :mod:`gpumem.core.monitoring.peaks`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from gpumem.core.cells.record import (
     source_key,
 )
 from gpumem.core.cells.tracker import ActiveCell, CellTracker
-from gpumem.core.peaks import KEPT_PEAK_NOTE, PEAK_RESET_NOTE
+from gpumem.core.monitoring.peaks import KEPT_PEAK_NOTE, PEAK_RESET_NOTE
 
 __all__ = [
     "KEPT_PEAK_NOTE",

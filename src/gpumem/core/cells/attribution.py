@@ -4,7 +4,7 @@ The holders walk (:func:`gpumem.core.holders.find_holders`, or any function of t
 who holds what now; :class:`VariableAttribution` remembers the previous answer and compares. In
 automatic mode it walks only the names whose value changed since then (by identity, and by length
 for built-in containers), unless the cell changed allocated memory by at least
-:data:`~gpumem.core.cells.kinds.KIND_LINE_MIN_BYTES` (then the whole namespace, time-bounded like every
+:data:`~gpumem.core.cells.kind_changes.KIND_LINE_MIN_BYTES` (then the whole namespace, time-bounded like every
 walk, so that the cell's by-kind line can be told) or that leaves most of its growth unexplained.
 """
 
@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from gpumem.core.cells.kinds import KIND_LINE_MIN_BYTES, Kinds, kind_changes, read_kinds
+from gpumem.core.cells.kind_changes import KIND_LINE_MIN_BYTES, Kinds, kind_changes, read_kinds
 from gpumem.core.cells.record import CellOptions, DeviceChange, HeldVariable, KindChange, VariableChange
-from gpumem.core.monitor import Monitor
+from gpumem.core.monitoring.monitor import Monitor
 from gpumem.core.units import format_bytes
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from gpumem.core.cells.record import CellWarning, DeviceChange, HeldVariable
 from gpumem.core.cells.warnings import graph_warning, output_cache_warning
-from gpumem.core.fragmentation import (
+from gpumem.core.diagnoses.fragmentation import (
     FreeReserve,
     ReserveReader,
     allocator_counters,
@@ -25,7 +25,7 @@ from gpumem.core.fragmentation import (
     fragmentation_text,
     worth_a_look,
 )
-from gpumem.core.sources import AllocatorReading, DeviceReading, Snapshot
+from gpumem.core.readers.sources import AllocatorReading, DeviceReading, Snapshot
 from gpumem.core.units import GIB, MIB, format_bytes
 
 __all__ = [
@@ -103,7 +103,7 @@ def capacity_condition(reading: DeviceReading | None, fraction: float, when: str
 
 
 def fragmentation_condition(reserve: FreeReserve | None, retries: int = 0) -> Condition | None:
-    """Much of the free reserve is in pieces no larger request can use (see :mod:`gpumem.core.fragmentation`)."""
+    """Much of the free reserve is in pieces no larger request can use (see :mod:`gpumem.core.diagnoses.fragmentation`)."""
     if reserve is None or not reserve.fragmented:
         return None
     parts = [f"cuda:{reserve.device}: {fragmentation_text(reserve)}"]
@@ -131,7 +131,7 @@ def device_warnings(
     """Per device in the cell: nearly full, then fragmented, each told when this cell caused or worsened it.
 
     The allocator's segments are read only for devices whose counters allow fragmentation, and at
-    most once per change of those counters (:class:`~gpumem.core.fragmentation.ReserveReader`).
+    most once per change of those counters (:class:`~gpumem.core.diagnoses.fragmentation.ReserveReader`).
     """
     warnings: list[CellWarning] = []
     for change in devices:

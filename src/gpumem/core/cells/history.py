@@ -11,10 +11,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
+from gpumem.core.atomic_files import replace_file
 from gpumem.core.cells.formatting import STYLE, cell_label, format_duration, peak_above
-from gpumem.core.cells.kinds import kinds_brief, kinds_since_earlier
+from gpumem.core.cells.kind_changes import kinds_brief, kinds_since_earlier
 from gpumem.core.cells.record import CellRecord
-from gpumem.core.files import replace_file
 from gpumem.core.units import format_delta
 
 __all__ = [
@@ -277,7 +277,7 @@ _DEVICE_COLUMN = re.compile(r"cuda([0-9]{1,9})_(?:" + "|".join(_DEVICE_FIELDS) +
 def write_json(records: Sequence[CellRecord], path: str | os.PathLike[str], *, force: bool = False) -> bool:
     """``{"gpumem_history": 1, "cells": [...]}`` to ``path``, atomically; True when it replaced a file.
 
-    An existing file that is not such an export raises :class:`~gpumem.core.files.ForeignFileError`
+    An existing file that is not such an export raises :class:`~gpumem.core.atomic_files.ForeignFileError`
     unless ``force``. Non-ASCII text is escaped (``\\ud800`` for a lone surrogate): the file is ASCII.
     """
 
@@ -293,7 +293,7 @@ def write_csv(records: Sequence[CellRecord], path: str | os.PathLike[str], *, fo
     """One row per cell to ``path``, atomically; True when it replaced a file.
 
     An existing file whose first line is not a history header raises
-    :class:`~gpumem.core.files.ForeignFileError` unless ``force``. A character UTF-8 cannot encode (a
+    :class:`~gpumem.core.atomic_files.ForeignFileError` unless ``force``. A character UTF-8 cannot encode (a
     lone surrogate) is written as its backslash escape, so the file stays valid UTF-8.
     """
 

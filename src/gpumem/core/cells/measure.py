@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumem.core.cells.record import CellOptions, CellRecord
 from gpumem.core.cells.tracker import ActiveCell, CellTracker
-from gpumem.core.monitor import default_monitor
+from gpumem.core.monitoring.monitor import default_monitor
 
 if TYPE_CHECKING:
     from typing_extensions import Self

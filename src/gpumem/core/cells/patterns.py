@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from gpumem.core.cells.attribution import VariableReport
 from gpumem.core.cells.record import CellWarning, DeviceChange, KindChange, VariableChange
-from gpumem.core.sources import AllocatorReading, Snapshot
+from gpumem.core.readers.sources import AllocatorReading, Snapshot
 from gpumem.core.units import MIB, format_bytes, format_delta
 
 __all__ = [

@@ -1,7 +1,7 @@
 """What one measured cell did to memory: the immutable records the tracker keeps, and how a cell is named.
 
 Nothing here measures; :mod:`gpumem.core.cells.tracker` fills these in, with the figures of a measured
-stretch (:class:`~gpumem.core.spans.DeviceChange`, :class:`~gpumem.core.spans.HostChange`).
+stretch (:class:`~gpumem.core.monitoring.spans.DeviceChange`, :class:`~gpumem.core.monitoring.spans.HostChange`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-from gpumem.core.spans import DeviceChange, HostChange  # a cell's figures are a measured stretch's
+from gpumem.core.monitoring.spans import DeviceChange, HostChange  # a cell's figures are a measured stretch's
 
 __all__ = [
     "STATUSES",

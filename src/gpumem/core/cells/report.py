@@ -20,10 +20,10 @@ from gpumem.core.cells.history import (
     write_csv,
     write_json,
 )
-from gpumem.core.cells.kinds import kinds_brief, kinds_line, kinds_since_earlier
+from gpumem.core.cells.kind_changes import kinds_brief, kinds_line, kinds_since_earlier
 from gpumem.core.cells.record import CellRecord, DeviceChange, HostChange, VariableChange
-from gpumem.core.cuda_fault import FROZEN_PREFIX
-from gpumem.core.device_split import device_split_text, split_of
+from gpumem.core.diagnoses.device_split import device_split_text, split_of
+from gpumem.core.readers.cuda_fault import FROZEN_PREFIX
 from gpumem.core.units import format_bytes, format_delta
 
 __all__ = [

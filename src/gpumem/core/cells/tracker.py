@@ -1,7 +1,7 @@
 """The cell tracker: says when measuring starts and ends, keeps the records, tells the listeners.
 
-The figures come from the cell's measured stretch (:class:`gpumem.core.spans.Stretch`, with
-:mod:`gpumem.core.peaks` deciding whether a peak is exact), the names from
+The figures come from the cell's measured stretch (:class:`gpumem.core.monitoring.spans.Stretch`, with
+:mod:`gpumem.core.monitoring.peaks` deciding whether a peak is exact), the names from
 :mod:`~gpumem.core.cells.attribution` and the warnings from :mod:`~gpumem.core.cells.warnings`; this module
 only puts them together at the right moments, and says why no CUDA device is reported when none is.
 """
@@ -44,14 +44,14 @@ from gpumem.core.cells.warnings import (
     peak_reset_warnings,
     variable_warnings,
 )
-from gpumem.core.cuda_fault import cuda_faults, fault_explanation, frozen_note, record_fault, take_untold
-from gpumem.core.devices import describe_devices
-from gpumem.core.fragmentation import ReserveReader
-from gpumem.core.monitor import Monitor
-from gpumem.core.peaks import PEAK_RESETS, RUNNING
-from gpumem.core.sampler import MAX_RATE_HZ
-from gpumem.core.sources import Snapshot
-from gpumem.core.spans import Stretch
+from gpumem.core.diagnoses.fragmentation import ReserveReader
+from gpumem.core.monitoring.monitor import Monitor
+from gpumem.core.monitoring.peaks import PEAK_RESETS, RUNNING
+from gpumem.core.monitoring.spans import Stretch
+from gpumem.core.readers.cuda_fault import cuda_faults, fault_explanation, frozen_note, record_fault, take_untold
+from gpumem.core.readers.devices import describe_devices
+from gpumem.core.readers.sources import Snapshot
+from gpumem.core.sampling.sampler import MAX_RATE_HZ
 from gpumem.core.units import MIB
 
 __all__ = ["TRACKER_DEFAULTS", "ActiveCell", "CellTracker", "cuda_note"]
@@ -83,7 +83,7 @@ class ActiveCell(Stretch):
 
 
 class CellTracker:
-    """Measures cells against a :class:`~gpumem.core.monitor.Monitor` and keeps their records.
+    """Measures cells against a :class:`~gpumem.core.monitoring.monitor.Monitor` and keeps their records.
 
     One cell is measured at a time. ``begin`` resets the allocator's peak counters of the devices
     in use (unless ``keep_peaks``); ``end`` reads everything again and builds the record, with

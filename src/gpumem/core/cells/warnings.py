@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from gpumem.core.cells.record import STATUS_OK, CellWarning, DeviceChange, VariableChange
 from gpumem.core.holders.model import MAX_GRAPH_PATHS
-from gpumem.core.peaks import PEAK_RESET_NOTE
+from gpumem.core.monitoring.peaks import PEAK_RESET_NOTE
 from gpumem.core.units import format_bytes, format_delta
 
 __all__ = [

@@ -22,9 +22,9 @@ rounding, the rest), :mod:`~.kinds` (the by-kind summary).
 
 from __future__ import annotations
 
-from gpumem.core.devices import parse_device
 from gpumem.core.holders.find import find_cycles, find_holders
 from gpumem.core.holders.hidden import hidden_references, ipython_names
+from gpumem.core.holders.holder_report import HolderReport, escape_html, render_html, render_text
 from gpumem.core.holders.model import (
     BUFFERS,
     DEFAULT_MAX_DEPTH,
@@ -42,7 +42,7 @@ from gpumem.core.holders.model import (
     KindTotal,
 )
 from gpumem.core.holders.remainder import Remainder
-from gpumem.core.holders.render import HolderReport, escape_html, render_html, render_text
+from gpumem.core.readers.devices import parse_device
 
 __all__ = [
     "BUFFERS",

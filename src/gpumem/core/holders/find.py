@@ -8,13 +8,12 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from gpumem.core.collector import collector_paused
-from gpumem.core.device_split import DeviceSplit, device_split
-from gpumem.core.devices import parse_device
-from gpumem.core.holders.attribution import attribute
+from gpumem.core.diagnoses.device_split import DeviceSplit, device_split
+from gpumem.core.gc_pause import collector_paused
 from gpumem.core.holders.graphs import GraphWalker, saved_by_graphs
 from gpumem.core.holders.hidden import hidden_references, ipython_names
 from gpumem.core.holders.hints import array_note, cycle_hint
+from gpumem.core.holders.holder_report import HolderReport
 from gpumem.core.holders.kinds import kind_totals
 from gpumem.core.holders.model import (
     DEFAULT_MAX_DEPTH,
@@ -26,16 +25,17 @@ from gpumem.core.holders.model import (
     Holder,
 )
 from gpumem.core.holders.objects import ATOMIC_TYPES, type_name
+from gpumem.core.holders.ownership import attribute
 from gpumem.core.holders.remainder import Remainder, allocator_blocks, split_remainder
-from gpumem.core.holders.render import HolderReport
-from gpumem.core.holders.snapshot import stable_list
+from gpumem.core.holders.stable_read import stable_list
 from gpumem.core.holders.tensors import DeviceFilter
 from gpumem.core.holders.walk import OutOfTimeError, Root, Walker, walk_root
+from gpumem.core.readers.devices import parse_device
+from gpumem.core.readers.sources import SystemSource
+from gpumem.core.readers.torch_state import no_device_reason
+from gpumem.core.readers.workspaces import WorkspaceSizes, workspace_sizes
 from gpumem.core.runtime import cuda_source, ipython_shell
-from gpumem.core.sources import SystemSource
-from gpumem.core.torch_state import no_device_reason
 from gpumem.core.units import format_bytes
-from gpumem.core.workspaces import WorkspaceSizes, workspace_sizes
 
 __all__ = ["find_cycles", "find_holders"]
 
@@ -61,7 +61,7 @@ def find_holders(
 
     ``device`` filters storages: ``"cuda"`` (every CUDA device), ``"cuda:N"``, ``"cpu"`` or ``"all"``.
     ``shell`` defaults to the running IPython shell when ``namespace`` is its user namespace. ``source``
-    (a :class:`~gpumem.core.sources.MemorySource`) supplies ``memory_allocated`` for the remainder; it defaults
+    (a :class:`~gpumem.core.readers.sources.MemorySource`) supplies ``memory_allocated`` for the remainder; it defaults
     to the shared monitor's. ``cycles=True`` runs one garbage collection to find tensors in reference
     cycles (which frees them). ``names`` restricts the walk to those names. Safe while another thread
     changes ``namespace``: it is copied first.

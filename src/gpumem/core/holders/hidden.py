@@ -13,7 +13,7 @@ from typing import Any
 
 from gpumem.core.holders.model import HiddenReference
 from gpumem.core.holders.objects import ATOMIC_TYPES
-from gpumem.core.holders.snapshot import stable_list
+from gpumem.core.holders.stable_read import stable_list
 
 __all__ = ["hidden_references", "ipython_names", "last_error_places"]
 

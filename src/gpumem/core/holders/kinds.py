@@ -24,8 +24,8 @@ from gpumem.core.holders.model import (
     KindTotal,
 )
 from gpumem.core.holders.remainder import Remainder
+from gpumem.core.readers.workspaces import CLEAR_CALL
 from gpumem.core.units import format_bytes
-from gpumem.core.workspaces import CLEAR_CALL
 
 __all__ = ["kind_totals", "workspace_note"]
 

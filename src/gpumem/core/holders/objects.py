@@ -10,7 +10,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from gpumem.core.holders.snapshot import stable_list
+from gpumem.core.holders.stable_read import stable_list
 
 __all__ = [
     "ATOMIC_TYPES",

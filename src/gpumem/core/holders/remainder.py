@@ -15,10 +15,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gpumem.core.allocator_backend import native_allocator
-from gpumem.core.cuda_fault import cuda_faults
 from gpumem.core.holders.tensors import StorageKey
-from gpumem.core.workspaces import WorkspaceSizes
+from gpumem.core.readers.allocator_backend import native_allocator
+from gpumem.core.readers.cuda_fault import cuda_faults
+from gpumem.core.readers.workspaces import WorkspaceSizes
 
 __all__ = ["BLOCK_BYTES", "Block", "Remainder", "allocator_blocks", "block_size", "split_remainder"]
 

@@ -39,7 +39,7 @@ from gpumem.core.holders.objects import (
     own_dict,
     slot_values,
 )
-from gpumem.core.holders.snapshot import stable_list
+from gpumem.core.holders.stable_read import stable_list
 from gpumem.core.holders.tensors import DeviceFilter, StorageKey, storage_keys
 
 __all__ = ["Edge", "OutOfTimeError", "Root", "Walker", "walk_root"]

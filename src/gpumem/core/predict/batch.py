@@ -37,12 +37,12 @@ class BatchSearch:
         return self.largest is not None and (self.first_over is None or self.first_over == self.largest + 1)
 
     def __str__(self) -> str:
-        from gpumem.core.predict.render import render_batch_text
+        from gpumem.core.predict.prediction_report import render_batch_text
 
         return render_batch_text(self)
 
     def _repr_html_(self) -> str:
-        from gpumem.core.predict.render import render_batch_html
+        from gpumem.core.predict.prediction_report import render_batch_html
 
         return render_batch_html(self)
 

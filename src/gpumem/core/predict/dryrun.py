@@ -21,7 +21,7 @@ from gpumem.core.predict.guards import Refusal, guarded, refusal_from
 from gpumem.core.predict.isolation import Isolation, isolate, kernels_as_real, modules_convert, no_context_probe
 from gpumem.core.predict.result import DevicePrediction, Prediction
 from gpumem.core.predict.tracking import StepTracker
-from gpumem.core.workspaces import workspace_sizes
+from gpumem.core.readers.workspaces import workspace_sizes
 
 __all__ = ["DeviceNow", "dry_run", "read_devices"]
 
@@ -75,7 +75,7 @@ _SOURCES: list[Any] = []  # one SystemSource, made at the first dry run (NVML is
 
 
 def _nvml_readings() -> dict[int, tuple[int, int | None, int]]:
-    from gpumem.core.sources import SystemSource
+    from gpumem.core.readers.sources import SystemSource
 
     try:
         if not _SOURCES:

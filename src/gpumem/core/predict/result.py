@@ -85,11 +85,11 @@ class Prediction:
         return next((device for device in self.devices if device.device == name), None)
 
     def __str__(self) -> str:
-        from gpumem.core.predict.render import render_text
+        from gpumem.core.predict.prediction_report import render_text
 
         return render_text(self)
 
     def _repr_html_(self) -> str:
-        from gpumem.core.predict.render import render_html
+        from gpumem.core.predict.prediction_report import render_html
 
         return render_html(self)

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gpumem.core.cleanup import empty_cache, free_lock
-from gpumem.core.fragmentation import read_segments
+from gpumem.core.diagnoses.fragmentation import read_segments
 from gpumem.core.holders.objects import own_dict
+from gpumem.core.readers.workspaces import clear_cublas_workspaces, workspace_sizes
 from gpumem.core.reclaim.allocator import allocator_promise, workspace_blocks
 from gpumem.core.reclaim.held import HeldReferences
 from gpumem.core.reclaim.model import (
@@ -37,7 +38,6 @@ from gpumem.core.reclaim.model import (
     Promise,
 )
 from gpumem.core.reclaim.storages import RootObjects, expired, reached_storages, released_storages, weak_refs
-from gpumem.core.workspaces import clear_cublas_workspaces, workspace_sizes
 
 __all__ = ["available_actions", "perform", "promise"]
 
@@ -216,7 +216,7 @@ def _readings(source: Any) -> tuple[DeviceBytes, ...]:
 def _source(source: Any) -> Any:
     if source is not None:
         return source
-    from gpumem.core.monitor import default_monitor
+    from gpumem.core.monitoring.monitor import default_monitor
 
     return default_monitor().source
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gpumem.core.allocator_backend import native_allocator
 from gpumem.core.holders.remainder import block_size
 from gpumem.core.holders.tensors import StorageKey
+from gpumem.core.readers.allocator_backend import native_allocator
 from gpumem.core.reclaim.model import DeviceBytes
 
 __all__ = ["allocator_promise", "workspace_blocks"]

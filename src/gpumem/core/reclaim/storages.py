@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from gpumem.core.collector import collector_paused
+from gpumem.core.gc_pause import collector_paused
 from gpumem.core.holders.graphs import GraphWalker, saved_by_graphs
 from gpumem.core.holders.model import DEFAULT_MAX_ITEMS, GRADIENTS
 from gpumem.core.holders.objects import type_name

@@ -2,7 +2,7 @@
 while the cell runs, answered as what was alive at the peak, what the cell left behind and what was
 temporary, by site, with the timeline drawn as inline SVG that renders offline.
 
-:mod:`~gpumem.core.trace.recorder` touches torch (through ``sys.modules``); everything else is a
+:mod:`~gpumem.core.trace.history_recorder` touches torch (through ``sys.modules``); everything else is a
 pure function of the snapshot dict, so it runs on a stored snapshot with no GPU.
 """
 
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpumem.core.collector import collector_paused
+from gpumem.core.gc_pause import collector_paused
 from gpumem.core.trace.analysis import DeviceTrace, SiteUsage, analyse_snapshot
-from gpumem.core.trace.recorder import (
+from gpumem.core.trace.history_recorder import (
     DEFAULT_MAX_ENTRIES,
     SKIPPED_ACTIONS,
     CellSnapshot,
     TraceRecorder,
     save_snapshot,
 )
-from gpumem.core.trace.render import TraceReport
+from gpumem.core.trace.trace_report import TraceReport
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",

@@ -1,0 +1,63 @@
+"""Why nvidia-smi shows more than torch: the device's used memory split by who uses it.
+
+NVML's "used" counts every process on the device. This process's own share (NVML's per-process figure)
+holds PyTorch's reserved memory plus what lives outside PyTorch's allocator: the CUDA context, library
+handles (cuBLAS, cuDNN), NCCL buffers, other allocators. The rest of "used" is other processes (and the
+driver's own reservations, which NVML counts as used).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from gpumem.core.readers.readings import Snapshot
+from gpumem.core.units import format_bytes
+
+__all__ = ["DeviceSplit", "device_split", "device_split_text", "split_of"]
+
+
+class DeviceSplit(NamedTuple):
+    """``used_bytes`` = ``reserved_bytes`` + ``outside_torch_bytes`` + ``other_bytes`` for one device."""
+
+    device: int
+    used_bytes: int  # NVML: the whole device, all processes
+    reserved_bytes: int  # PyTorch's caching allocator in this process
+    outside_torch_bytes: int | None  # this process beyond PyTorch's reserve; None without NVML's per-process figure
+    other_bytes: int | None  # other processes (and driver reservations); None when unknown
+    process_bytes: int | None  # NVML's figure for this process
+
+
+def device_split(snapshot: Snapshot, device: int) -> DeviceSplit | None:
+    """The split for ``device`` from a snapshot taken with ``process_memory=True``; None without NVML.
+
+    Without the per-process figure (containers often hide other PIDs, or MIG) only ``used`` and
+    ``reserved`` are known and the two other parts are None.
+    """
+    reading = snapshot.device_for(device)
+    if reading is None:
+        return None
+    allocator = snapshot.allocator_for(device)
+    reserved = allocator.reserved_bytes if allocator is not None else 0
+    return split_of(device, reading.used_bytes, reserved, reading.process_used_bytes)
+
+
+def split_of(device: int, used: int, reserved: int, process: int | None) -> DeviceSplit:
+    """The split from NVML's device and per-process figures and PyTorch's reserve (read together)."""
+    if process is None:
+        return DeviceSplit(device, used, reserved, None, None, None)
+    outside = max(process - reserved, 0)  # NVML samples a moment apart from the allocator: never negative
+    other = max(used - process, 0)
+    return DeviceSplit(device, used, reserved, outside, other, process)
+
+
+def device_split_text(split: DeviceSplit) -> str:
+    """``device used 2.1 GiB = PyTorch reserved 1.5 GiB + this process outside PyTorch 520 MiB (...) + ...``."""
+    head = f"device used {format_bytes(split.used_bytes)} = PyTorch reserved {format_bytes(split.reserved_bytes)}"
+    if split.outside_torch_bytes is None or split.other_bytes is None:
+        rest = max(split.used_bytes - split.reserved_bytes, 0)
+        return head + f" + {format_bytes(rest)} outside PyTorch (CUDA contexts, libraries, other processes)"
+    return (
+        head
+        + f" + this process outside PyTorch {format_bytes(split.outside_torch_bytes)} (CUDA context, libraries)"
+        + f" + other processes {format_bytes(split.other_bytes)}"
+    )

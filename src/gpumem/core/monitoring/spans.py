@@ -1,0 +1,365 @@
+"""A measured stretch of time and its figures: a cell, a ``gpumem.measure`` block, a segment of a script's
+tags and scopes, the panel's "since it opened".
+
+A stretch follows the process-wide peak rule of :mod:`gpumem.core.monitoring.peaks`: it resets the raised peak
+counters when it starts unless its peaks are kept or another measurement runs (then the outer one keeps
+its exact peak and this one's peak is exact only if the counter rose above its earlier value), and a reset
+by anyone else during the stretch makes its peak a labelled lower bound.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import NamedTuple
+
+from gpumem.core.monitoring.peaks import PEAK_RESETS, RUNNING, RunningPeak, cell_peak, reset_raised_peaks
+from gpumem.core.readers.readings import AllocatorReading, Snapshot
+from gpumem.core.readers.sources import MemorySource
+
+__all__ = [
+    "FIRST_TAG_NOTE",
+    "DeviceChange",
+    "HostChange",
+    "Span",
+    "SpanRecord",
+    "Stretch",
+    "counter_changes",
+    "first_tag_record",
+    "selected",
+]
+
+FIRST_TAG_NOTE = "first tag: the counter's value since CUDA started or the counters were last reset"
+
+
+class DeviceChange(NamedTuple):
+    """One CUDA device over a measured stretch. Allocated/reserved are PyTorch's; ``used`` is NVML's whole device."""
+
+    device: int
+    allocated_before_bytes: int
+    allocated_after_bytes: int
+    reserved_before_bytes: int
+    reserved_after_bytes: int
+    peak_allocated_bytes: int  # highest allocated during the stretch (absolute)
+    peak_exact: bool  # from the allocator's counter; False: highest sampled value, a lower bound
+    peak_note: str  # why the peak is not exact, or ""
+    peak_reserved_bytes: int
+    used_before_bytes: int | None  # None: NVML unavailable
+    used_after_bytes: int | None
+    total_bytes: int | None
+    initialized_in_cell: bool  # CUDA was first used on this device inside the stretch
+    process_used_after_bytes: int | None = None  # NVML: this process's share of the device at the end
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Allocated at the end (a tag's or scope's "now")."""
+        return self.allocated_after_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.reserved_after_bytes
+
+    @property
+    def used_bytes(self) -> int | None:
+        return self.used_after_bytes
+
+    @property
+    def allocated_delta_bytes(self) -> int:
+        return self.allocated_after_bytes - self.allocated_before_bytes
+
+    @property
+    def reserved_delta_bytes(self) -> int:
+        return self.reserved_after_bytes - self.reserved_before_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_allocated_bytes - self.allocated_before_bytes
+
+    @property
+    def used_delta_bytes(self) -> int | None:
+        if self.used_before_bytes is None or self.used_after_bytes is None:
+            return None
+        return self.used_after_bytes - self.used_before_bytes
+
+
+class HostChange(NamedTuple):
+    """This process's resident memory over a measured stretch."""
+
+    rss_before_bytes: int
+    rss_after_bytes: int
+    peak_rss_bytes: int
+    peak_exact: bool  # the lifetime peak rose during the stretch, so it is the stretch's; else sampled, a lower bound
+
+    @property
+    def rss_bytes(self) -> int:
+        """Resident at the end."""
+        return self.rss_after_bytes
+
+    @property
+    def rss_delta_bytes(self) -> int:
+        return self.rss_after_bytes - self.rss_before_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_rss_bytes - self.rss_before_bytes
+
+
+class SpanRecord(NamedTuple):
+    """A finished span: a tag (figures since the previous tag) or a scope (figures inside the block)."""
+
+    label: str
+    kind: str  # "tag" or "scope"
+    path: tuple[str, ...]  # the enclosing scopes' labels and this one's; (label,) for tags
+    started_wall_s: float
+    wall_time_s: float  # when it ended (a tag: when it was taken)
+    monotonic_s: float
+    duration_s: float
+    devices: tuple[DeviceChange, ...]
+    host: HostChange | None
+    error: str | None = None  # a scope left by an exception: its type and message
+
+    @property
+    def depth(self) -> int:
+        return len(self.path) - 1
+
+    def device(self, index: int) -> DeviceChange | None:
+        return next((figures for figures in self.devices if figures.device == index), None)
+
+
+def selected(device: int, devices: tuple[int, ...] | None) -> bool:
+    """Whether ``device`` is among those asked for (None: every device)."""
+    return devices is None or device in devices
+
+
+def _in_use(before: AllocatorReading | None, after: AllocatorReading) -> bool:
+    if after.reserved_bytes or after.allocated_bytes or after.peak_allocated_bytes:
+        return True
+    return before is not None and bool(before.reserved_bytes or before.allocated_bytes)
+
+
+class Stretch:
+    """A measured stretch of time: its start, the highest values sampled since, and its figures at the end.
+
+    One type serves a measured cell (and a ``gpumem.measure`` block), a segment of a script's tags and
+    scopes, and the panel's "since it opened". :meth:`open` takes the start and resets the raised peak
+    counters unless the peaks are kept; a stretch never opened (the panel's) resets nothing and takes its
+    first sample as its start. :meth:`take_sample` is the one fold of a sample into the running maxima (a
+    :class:`~gpumem.core.monitoring.peaks.RunningPeak` per device's allocated memory and for the host's RSS, which
+    also watch the peak counters when ``counters``). ``finished`` is what
+    :data:`gpumem.core.monitoring.peaks.RUNNING` reads.
+    """
+
+    def __init__(self, *, counters: bool = False) -> None:
+        self.counters = counters  # watch the shared peak counters at every sample (a stretch that never resets)
+        self.finished = False
+        self.start: Snapshot | None = None
+        self.reset_devices: frozenset[int] = frozenset()
+        self.resets_at_start: dict[int | None, int] = {}
+        self._lock = threading.Lock()
+        self._allocated: dict[int, RunningPeak] = {}
+        self._reserved: dict[int, int] = {}
+        self._host = RunningPeak()
+
+    def open(self, source: MemorySource, start: Snapshot, *, keep_peaks: bool, devices: tuple[int, ...] | None) -> None:
+        """Start at ``start``: reset the raised counters of ``devices`` (None: all) unless ``keep_peaks``,
+        and count resets by anyone else from now on."""
+        chosen = start.allocator if devices is None else [r for r in start.allocator if r.device in devices]
+        reset = [] if keep_peaks else reset_raised_peaks(source, chosen)
+        self.start, self.reset_devices = start, frozenset(reset)
+        PEAK_RESETS.install()
+        self.resets_at_start = PEAK_RESETS.snapshot()
+
+    def take_sample(self, snapshot: Snapshot) -> None:
+        """Fold one sample into the running maxima (the sampler's thread and the caller's alike)."""
+        counters = self.counters
+        with self._lock:
+            if self.start is None:
+                self.start = snapshot
+            for reading in snapshot.allocator:
+                device = reading.device
+                peak = self._allocated.get(device)
+                if peak is None:
+                    peak = self._allocated[device] = RunningPeak()
+                peak.update(reading.allocated_bytes, reading.peak_allocated_bytes if counters else None)
+                if reading.reserved_bytes > self._reserved.get(device, -1):
+                    self._reserved[device] = reading.reserved_bytes
+            if snapshot.host is not None:
+                self._host.update(snapshot.host.rss_bytes, snapshot.host.peak_rss_bytes if counters else None)
+
+    def running_peaks(self) -> tuple[dict[int, RunningPeak], RunningPeak]:
+        """Copies of the running peaks (allocated per device, host RSS) that later samples leave alone."""
+        with self._lock:
+            return {device: peak.copy() for device, peak in self._allocated.items()}, self._host.copy()
+
+    def device_changes(
+        self, end: Snapshot, devices: tuple[int, ...] | None = None, *, every: bool = False
+    ) -> tuple[DeviceChange, ...]:
+        """One change per device asked for; when none was asked for, per device in use (``every``: per
+        device the end shows)."""
+        start = self.start
+        assert start is not None
+        changes: list[DeviceChange] = []
+        for after in end.allocator:
+            if not selected(after.device, devices):
+                continue
+            before = start.allocator_for(after.device)
+            if devices is None and not every and not _in_use(before, after):
+                continue
+            changes.append(self._device_change(before, after, start, end))
+        return tuple(changes)
+
+    def _device_change(
+        self, before: AllocatorReading | None, after: AllocatorReading, start: Snapshot, end: Snapshot
+    ) -> DeviceChange:
+        device = after.device
+        allocated_before = before.allocated_bytes if before is not None else 0
+        reserved_before = before.reserved_bytes if before is not None else 0
+        # No lock: each read is one atomic step, and a sample folded in meanwhile only raises a lower bound.
+        running = self._allocated.get(device)
+        sampled_allocated = int(running.sampled or 0) if running is not None else 0
+        sampled_reserved = self._reserved.get(device, 0)
+        peak = cell_peak(
+            before,
+            after,
+            max(sampled_allocated, allocated_before, after.allocated_bytes),
+            max(sampled_reserved, reserved_before, after.reserved_bytes),
+            reset_at_start=device in self.reset_devices,
+            reset_in_cell=PEAK_RESETS.reset_since(device, self.resets_at_start),
+        )
+        used_before = start.device_for(device)
+        used_after = end.device_for(device)
+        return DeviceChange(
+            device=device,
+            allocated_before_bytes=allocated_before,
+            allocated_after_bytes=after.allocated_bytes,
+            reserved_before_bytes=reserved_before,
+            reserved_after_bytes=after.reserved_bytes,
+            peak_allocated_bytes=peak.allocated_bytes,
+            peak_exact=peak.exact,
+            peak_note=peak.note,
+            peak_reserved_bytes=peak.reserved_bytes,
+            used_before_bytes=used_before.used_bytes if used_before is not None else None,
+            used_after_bytes=used_after.used_bytes if used_after is not None else None,
+            total_bytes=used_after.total_bytes if used_after is not None else None,
+            initialized_in_cell=before is None,
+            process_used_after_bytes=used_after.process_used_bytes if used_after is not None else None,
+        )
+
+    def host_change(self, end: Snapshot) -> HostChange | None:
+        """Resident memory over the stretch; the peak is exact when the lifetime peak rose during it."""
+        start = self.start
+        if start is None or start.host is None or end.host is None:
+            return None
+        before, after = start.host, end.host
+        if after.peak_rss_bytes > before.peak_rss_bytes:
+            return HostChange(before.rss_bytes, after.rss_bytes, after.peak_rss_bytes, True)
+        sampled = int(self._host.sampled or 0)
+        return HostChange(before.rss_bytes, after.rss_bytes, max(sampled, before.rss_bytes, after.rss_bytes), False)
+
+
+class Span(Stretch):
+    """A segment of a script's tags and scopes, between :meth:`begin` and :meth:`end`."""
+
+    def __init__(self, source: MemorySource, *, keep_peaks: bool = False) -> None:
+        super().__init__()
+        self.source = source
+        self.keep_peaks = keep_peaks
+        self._began_perf_s = 0.0
+        self._began_wall_s = 0.0
+
+    def begin(self, start: Snapshot | None = None) -> Span:
+        """Read the start (or take ``start``) and reset the raised counters unless another measurement runs."""
+        keep = RUNNING.add(self) or self.keep_peaks
+        try:
+            start = start if start is not None else self.source.snapshot()
+            self.open(self.source, start, keep_peaks=keep, devices=None)
+        except BaseException:
+            self.finished = True
+            raise
+        self._began_perf_s, self._began_wall_s = time.perf_counter(), time.time()
+        return self
+
+    def end(
+        self, label: str, kind: str, path: tuple[str, ...], error: str | None = None
+    ) -> tuple[SpanRecord, Snapshot]:
+        """Read the end and build the record; the counter wrapper goes when nothing else is measured."""
+        duration_s = time.perf_counter() - self._began_perf_s
+        try:
+            end = self.source.snapshot()
+        finally:
+            self.finished = True
+        devices = self.device_changes(end, every=True)
+        PEAK_RESETS.release()
+        record = SpanRecord(
+            label, kind, path, self._began_wall_s, end.wall_time_s, end.monotonic_s, duration_s,
+            devices, self.host_change(end), error,
+        )  # fmt: skip
+        return record, end
+
+
+def counter_changes(snapshot: Snapshot, note: str) -> tuple[DeviceChange, ...]:
+    """Each device as ``snapshot`` shows it, its peak the counter's own value (exact, ``note`` says since when)."""
+    devices = []
+    for reading in snapshot.allocator:
+        nvml = snapshot.device_for(reading.device)
+        used = nvml.used_bytes if nvml is not None else None
+        devices.append(
+            DeviceChange(
+                reading.device, reading.allocated_bytes, reading.allocated_bytes, reading.reserved_bytes,
+                reading.reserved_bytes, reading.peak_allocated_bytes, True, note, reading.peak_reserved_bytes,
+                used, used, nvml.total_bytes if nvml is not None else None, False,
+            )
+        )  # fmt: skip
+    return tuple(devices)
+
+
+def first_tag_record(label: str, snapshot: Snapshot) -> SpanRecord:
+    """The first tag has no earlier tag: its peak is the counter's own value, whatever it covers."""
+    host = snapshot.host
+    host_change = HostChange(host.rss_bytes, host.rss_bytes, host.peak_rss_bytes, True) if host is not None else None
+    return SpanRecord(
+        label, "tag", (label,), snapshot.wall_time_s, snapshot.wall_time_s, snapshot.monotonic_s, 0.0,
+        counter_changes(snapshot, FIRST_TAG_NOTE), host_change,
+    )  # fmt: skip
+
+
+def combine(earlier: SpanRecord, later: SpanRecord, label: str) -> SpanRecord:
+    """One record for two back-to-back spans: the start of the first, the end of the second, the higher peak.
+
+    Exact only where both peaks are; a device that appeared in the second span alone keeps its figures.
+    """
+    devices = []
+    for second in later.devices:
+        first = earlier.device(second.device)
+        if first is None:
+            devices.append(second)
+            continue
+        exact = first.peak_exact and second.peak_exact
+        devices.append(
+            second._replace(
+                allocated_before_bytes=first.allocated_before_bytes,
+                reserved_before_bytes=first.reserved_before_bytes,
+                used_before_bytes=first.used_before_bytes,
+                initialized_in_cell=first.initialized_in_cell or second.initialized_in_cell,
+                peak_allocated_bytes=max(first.peak_allocated_bytes, second.peak_allocated_bytes),
+                peak_reserved_bytes=max(first.peak_reserved_bytes, second.peak_reserved_bytes),
+                peak_exact=exact,
+                peak_note="" if exact else (first.peak_note or second.peak_note),
+            )
+        )
+    host = later.host
+    if host is not None and earlier.host is not None:
+        host = host._replace(
+            rss_before_bytes=earlier.host.rss_before_bytes,
+            peak_rss_bytes=max(earlier.host.peak_rss_bytes, host.peak_rss_bytes),
+            peak_exact=(host.peak_exact and host.peak_rss_bytes >= earlier.host.peak_rss_bytes)
+            or (earlier.host.peak_exact and earlier.host.peak_rss_bytes >= host.peak_rss_bytes),
+        )
+    return later._replace(
+        label=label,
+        path=(label,),
+        started_wall_s=earlier.started_wall_s,
+        duration_s=earlier.duration_s + later.duration_s,
+        devices=tuple(devices),
+        host=host,
+    )
