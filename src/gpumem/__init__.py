@@ -106,9 +106,9 @@ def __getattr__(name: str) -> Any:
 
         return Monitor
     if name in ("CsvWriter", "JsonlWriter", "TensorBoardWriter"):
-        from gpumem.core.scripts import metric_writers as writers
+        from gpumem.core.scripts import metric_writers
 
-        return getattr(writers, name)
+        return getattr(metric_writers, name)
     if name == "ThresholdEvent":
         from gpumem.core.sampling.thresholds import ThresholdEvent
 

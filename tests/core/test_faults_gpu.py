@@ -29,7 +29,8 @@ def test_cuda_malloc_async_summary_trace_and_status(
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     cells = [
         (
-            "import torch\nfrom gpumem.core.readers.allocator_backend import allocator_backend\nb = allocator_backend()\n"
+            "import torch\nfrom gpumem.core.readers.allocator_backend import allocator_backend\n"
+            "b = allocator_backend()\n"
             "print('backend', b.name, b.from_torch, torch.cuda.is_initialized())"
         ),
         "%load_ext gpumem",

@@ -326,7 +326,8 @@ def _write_package(root: Path, files: dict[str, str]) -> Path:
 def test_the_graph_builder_reads_the_real_package() -> None:
     graph = build_graph(SRC, PACKAGE)
     assert len(graph.modules) >= 20
-    assert {"gpumem", "gpumem.core.monitoring.monitor", "gpumem.ipython.extension", "gpumem.panel.widget"} <= set(graph.modules)
+    expected = {"gpumem", "gpumem.core.monitoring.monitor", "gpumem.ipython.extension", "gpumem.panel.widget"}
+    assert expected <= set(graph.modules)
     assert "gpumem.core.monitoring.monitor" in graph.edges["gpumem.ipython.extension"]
     assert "gpumem.ipython.extension" in graph.edges["gpumem"]  # a function-level import
 

@@ -182,7 +182,10 @@ def empty_cache(source: Any) -> str:
 
 
 def _empty_cache(source: Any) -> str:
-    """``empty_cache()`` unless CUDA is in an error state (:mod:`gpumem.core.readers.cuda_fault`); what went wrong, or ""."""
+    """``empty_cache()`` unless CUDA is in an error state (:mod:`gpumem.core.readers.cuda_fault`).
+
+    Returns what went wrong, or "".
+    """
     if not cuda_faults():
         try:
             source.empty_cache()

@@ -103,7 +103,10 @@ def capacity_condition(reading: DeviceReading | None, fraction: float, when: str
 
 
 def fragmentation_condition(reserve: FreeReserve | None, retries: int = 0) -> Condition | None:
-    """Much of the free reserve is in pieces no larger request can use (see :mod:`gpumem.core.diagnoses.fragmentation`)."""
+    """Much of the free reserve is in pieces no larger request can use.
+
+    See :mod:`gpumem.core.diagnoses.fragmentation`.
+    """
     if reserve is None or not reserve.fragmented:
         return None
     parts = [f"cuda:{reserve.device}: {fragmentation_text(reserve)}"]

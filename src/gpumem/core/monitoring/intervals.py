@@ -3,8 +3,8 @@
 The allocator has one peak counter per device. Tags, step metrics and the run report each want the peak
 since *their own* previous point, so the counter cannot be reset for one without spoiling the others.
 One clock per memory source cuts time into segments at every point of any stream: a segment is a
-:class:`~gpumem.core.monitoring.spans.Span` (its peak exact by the rule of :mod:`gpumem.core.monitoring.peaks`), and each
-stream's figures are its segments combined, exact where each segment is.
+:class:`~gpumem.core.monitoring.spans.Span` (its peak exact by the rule of :mod:`gpumem.core.monitoring.peaks`),
+and each stream's figures are its segments combined, exact where each segment is.
 """
 
 from __future__ import annotations
