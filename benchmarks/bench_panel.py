@@ -16,6 +16,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +25,13 @@ from typing import Any
 
 import psutil
 
-from _harness.traffic import CommRecorder
 from gpumem.core.monitoring.monitor import Monitor
 from gpumem.core.sampling.sampler import DEFAULT_RATE_HZ
 from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, MIB, FakeSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/_harness: the test-only CommRecorder
+from _harness.traffic import CommRecorder
 
 BUDGET_BYTES_PER_S = 50_000
 

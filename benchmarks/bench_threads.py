@@ -41,6 +41,7 @@ from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/_harness: the test-only CommRecorder
 import _paired
 
 FLOOR_FRACTION = 0.002

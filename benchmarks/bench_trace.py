@@ -33,13 +33,16 @@ import gc
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _harness.synthetic_trace import synthetic_snapshot, training_snapshot
 from gpumem.core.gc_pause import collector_paused
 from gpumem.core.trace import CellSnapshot, build_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/_harness: the test-only snapshots
+from _harness.synthetic_trace import synthetic_snapshot, training_snapshot
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+

@@ -21,7 +21,10 @@ import statistics
 import sys
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/_harness: the test-only CommRecorder
 
 T0_S = 1000.0
 HISTORY_S = 600.0

@@ -8,6 +8,10 @@
 ``servers``     JupyterLab / Notebook 7 servers
 ``chromium``    Playwright on Debian's chromium
 ``lab_page``    driving a notebook page: open it, run cells, wait for outputs, count its websocket bytes
+``traffic``     :class:`CommRecorder`: every comm message widgets send, sized as the kernel puts it on the wire
+``synthetic_trace``  a training loop's allocation history as ``torch.cuda.memory._snapshot()`` writes it
+
+The last two are imported by module (``from _harness.traffic import CommRecorder``), also by benchmarks/.
 
 Fixtures (registered by ``tests/conftest.py`` through ``pytest_plugins``, so any test can request them):
 

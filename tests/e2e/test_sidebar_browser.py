@@ -277,7 +277,6 @@ def frontend(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     finally:
         _frontend.unregister_status_target()
         _frontend.set_sidebar_factory(None)
-        _frontend.set_status_provider(None)
         del _frontend.announced  # type: ignore[attr-defined]
 
 
@@ -415,14 +414,14 @@ def test_pages_that_said_bye_or_closed_their_comm_are_gone(frontend: Any) -> Non
     assert frontend.publish_status({"devices": [], "host": {}, "cuda_in_use": False}) == 1
 
 
-def test_publisher_thread_runs_only_while_a_comm_listens(frontend: Any) -> None:
+def test_publisher_thread_runs_only_while_a_comm_listens(frontend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
 
     def provider() -> dict[str, Any]:
         calls.append(time.monotonic())
         return {"devices": [], "host": {"rss_bytes": len(calls)}, "cuda_in_use": False}
 
-    frontend.set_status_provider(provider)
+    monkeypatch.setattr(frontend, "default_status_payload", provider)
     shell = FakeShell()
     frontend.register_status_target(shell)
     time.sleep(0.3)
@@ -447,7 +446,7 @@ def test_publisher_sends_a_comm_a_payload_only_when_it_changed(frontend: Any, mo
     # The front end keeps showing the last payload: the same again would cost the kernel a serialization.
     monkeypatch.setattr(frontend, "_last_external_publish", 0.0)  # nobody else published recently
     payload: dict[str, Any] = {"devices": [], "host": {"rss_bytes": 1}, "cuda_in_use": False}
-    frontend.set_status_provider(lambda: payload)  # the same dict, changed in place below
+    monkeypatch.setattr(frontend, "default_status_payload", lambda: payload)  # the same dict, changed in place below
     shell = FakeShell()
     frontend.register_status_target(shell)
     comm = shell.kernel.comm_manager.open_from_frontend()
@@ -488,7 +487,7 @@ def test_publisher_publishes_with_the_samplers_beat(frontend: Any, monkeypatch: 
         published.append(time.monotonic())
         return {"devices": [], "host": {"rss_bytes": len(published)}, "cuda_in_use": False}
 
-    frontend.set_status_provider(provider)
+    monkeypatch.setattr(frontend, "default_status_payload", provider)
     monitor.acquire("test")
     try:
         time.sleep(0.5)

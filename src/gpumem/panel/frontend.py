@@ -43,9 +43,9 @@ panels stop counting their views. Messages on these comms are handled on gpumem'
 (:mod:`gpumem.panel.routing`): a sidebar asked for while a cell runs is answered at once.
 
 Payloads go out from :func:`publish_status` (thread-safe; callable from any thread). While no one else
-publishes, a light daemon thread here publishes the shared monitor's figures (or what the provider set
-by :func:`set_status_provider` returns) once a second, and only while a confirmed comm is open: the
-newest sample when the monitor's sampler runs, else one snapshot read through the monitor.
+publishes, a light daemon thread here publishes the shared monitor's figures
+(:func:`default_status_payload`) once a second, and only while a confirmed comm is open: the newest
+sample when the monitor's sampler runs, else one snapshot read through the monitor.
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ __all__ = [
     "publish_status",
     "register_status_target",
     "set_sidebar_factory",
-    "set_status_provider",
     "show_sidebar",
     "sidebar_bundle",
     "unregister_status_target",
@@ -183,7 +182,6 @@ _comms: dict[int, _StatusComm] = {}
 _pages_heard: dict[str, None] = {}
 _MAX_PAGES_HEARD = 1024
 _registered_manager: Any = None
-_provider: Callable[[], StatusPayload] | None = None
 _sidebar_factory: Callable[[], Any] | None = None
 _last_external_publish = 0.0
 _publisher: threading.Thread | None = None
@@ -199,12 +197,6 @@ def set_sidebar_factory(factory: Callable[[], Any] | None) -> None:
     """
     global _sidebar_factory
     _sidebar_factory = factory
-
-
-def set_status_provider(provider: Callable[[], StatusPayload] | None) -> None:
-    """Replace :func:`default_status_payload` as the source of the once-a-second payload."""
-    global _provider
-    _provider = provider
 
 
 def _comm_manager(shell: Any) -> Any:
@@ -475,12 +467,8 @@ def default_status_payload() -> StatusPayload:
 
 
 def _build_payload() -> StatusPayload:
-    """The provider's payload, else (also when the provider fails) the default one; with the docked
-    panel's model id while it is open."""
-    payload: StatusPayload | None = None
-    with contextlib.suppress(Exception):
-        payload = _provider() if _provider is not None else None
-    payload = payload if payload is not None else default_status_payload()
+    """The shared monitor's figures, with the docked panel's model id while it is open."""
+    payload = default_status_payload()
     docked = docked_model_id()
     return {**payload, "docked_model_id": docked} if docked is not None else payload
 
