@@ -1,4 +1,5 @@
-"""gpumem's layering, checked from the sources: ipython -> panel -> core, no cycles, small modules.
+"""gpumem's layering and names, checked from the sources: ipython -> panel -> core, no cycles, one module
+per name, no test-only module in the package, no module grown past one concept.
 
 The import graph is read with ``ast`` from every ``src/gpumem/**/*.py``: imports at module level, in
 functions and under ``TYPE_CHECKING``, relative imports resolved, and the string arguments of
@@ -26,7 +27,11 @@ SRC = REPO_ROOT / "src"
 PACKAGE = "gpumem"
 # What gpumem.core must never import, directly or through another gpumem module.
 BANNED_IN_CORE = frozenset({"IPython", "traitlets", "ipywidgets", "bqplot", "comm", "ipykernel"})
-MAX_MODULE_LINES = 520
+# A module holds one concept and its name says which: the cap catches a module that took in a second one,
+# not one that is long for its concept (split by concept, never by line count).
+MAX_MODULE_LINES = 900
+# What users import or run by name (fnmatch patterns); every other module must be reached from these.
+ENTRY_POINTS = ("gpumem", "gpumem.__main__", "gpumem.testing", "gpumem.integrations", "gpumem.integrations.*")
 
 _IMPORT_FUNCTIONS = frozenset({"importlib.import_module", "import_module", "__import__"})
 # An edge is reported by its strongest import: one that runs on import beats one that runs later, or never.
@@ -310,6 +315,29 @@ def panel_violations(graph: ImportGraph, package: str) -> list[str]:
     ]
 
 
+def _basename(module: str) -> str:
+    return module.rpartition(".")[2]
+
+
+def name_clashes(graph: ImportGraph) -> list[str]:
+    """Modules (packages included) whose last names are the same, or the same but for a plural ``s``
+    (``view`` and ``views``): a reader cannot tell from the name which of them holds what."""
+    by_stem: dict[str, list[str]] = {}
+    for module in graph.modules:
+        by_stem.setdefault(_basename(module).removesuffix("s"), []).append(module)
+    return [", ".join(sorted(group)) for _, group in sorted(by_stem.items()) if len(group) > 1]
+
+
+def unreached_modules(graph: ImportGraph, entry_points: Iterable[str]) -> list[str]:
+    """Modules no import chain from the entry points reaches (imports in functions and importlib strings
+    count, and importing a module runs its packages' ``__init__``): code only the tests or benchmarks import,
+    or nothing does. It belongs in tests/, not in the wheel."""
+    sources = [m for m in graph.modules if any(fnmatch.fnmatchcase(m, entry) for entry in entry_points)]
+    reached = set(_reached_from(graph, sources, set()))
+    reached |= {".".join(m.split(".")[:end]) for m in reached for end in range(1, m.count(".") + 1)}
+    return sorted(set(graph.modules) - reached)
+
+
 # --------------------------------------------------------------------------------------------
 # Self-tests: the checks below cannot pass by seeing nothing
 # --------------------------------------------------------------------------------------------
@@ -414,6 +442,29 @@ def test_a_clean_package_passes(tmp_path: Path) -> None:
     assert panel_violations(graph, "pkg") == []
 
 
+def test_the_name_and_reach_checks_catch_twins_and_stray_modules(tmp_path: Path) -> None:
+    _write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "def f():\n    from pkg.core import view\n",
+            "pkg/core/__init__.py": "",
+            "pkg/core/view.py": "from pkg.core.sub import kinds\n",
+            "pkg/core/kinds.py": "",
+            "pkg/core/sub/__init__.py": "",
+            "pkg/core/sub/kinds.py": "",
+            "pkg/panel/__init__.py": "",
+            "pkg/panel/views.py": "",
+            "pkg/plugins/__init__.py": "",
+            "pkg/plugins/a.py": "import importlib\nimportlib.import_module('pkg.core.kinds')\n",
+        },
+    )
+    graph = build_graph(tmp_path, "pkg")
+    assert name_clashes(graph) == ["pkg.core.kinds, pkg.core.sub.kinds", "pkg.core.view, pkg.panel.views"]
+    unreached = ["pkg.core.kinds", "pkg.panel", "pkg.panel.views", "pkg.plugins", "pkg.plugins.a"]
+    assert unreached_modules(graph, ["pkg"]) == unreached
+    assert unreached_modules(graph, ["pkg", "pkg.plugins.*"]) == ["pkg.panel", "pkg.panel.views"]
+
+
 # --------------------------------------------------------------------------------------------
 # The rules
 # --------------------------------------------------------------------------------------------
@@ -439,11 +490,27 @@ def test_the_panel_does_not_import_the_ipython_layer() -> None:
     assert not problems, "\n\n".join(problems)
 
 
-def test_every_module_is_short() -> None:
+def test_no_module_holds_more_than_one_concepts_worth_of_lines() -> None:
     lengths = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in (SRC / PACKAGE).rglob("*.py")}
     assert len(lengths) >= 20
     too_long = sorted(f"{path.relative_to(SRC)}: {n} lines" for path, n in lengths.items() if n > MAX_MODULE_LINES)
-    assert not too_long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(too_long)
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them by concept):\n" + "\n".join(too_long)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    graph = build_graph(SRC, PACKAGE)
+    clashes = name_clashes(graph)
+    assert not clashes, "modules a name cannot tell apart (rename one for what it holds):\n" + "\n".join(clashes)
+
+
+def test_no_test_only_module_ships_in_the_package() -> None:
+    graph = build_graph(SRC, PACKAGE)
+    assert {"gpumem.testing", "gpumem.core.monitoring.monitor"} <= set(graph.modules)
+    stray = unreached_modules(graph, ENTRY_POINTS)
+    assert not stray, (
+        f"modules no import from {', '.join(ENTRY_POINTS)} reaches (move test-only code to tests/_harness, "
+        "or use it from the package):\n" + "\n".join(stray)
+    )
 
 
 def _toml_module() -> Any:
