@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpumem.core.reclaim.actions import available_actions, perform, promise
 from gpumem.core.reclaim.held import HeldReferences, NamespaceReferences, ShellReferences
-from gpumem.core.reclaim.model import (
+from gpumem.core.reclaim.promises import (
     CACHE,
     EXCEPTION,
     GRADIENTS,

@@ -16,7 +16,7 @@ from typing import Any
 from gpumem.core.holders.remainder import block_size
 from gpumem.core.holders.tensors import StorageKey
 from gpumem.core.readers.allocator_backend import native_allocator
-from gpumem.core.reclaim.model import DeviceBytes
+from gpumem.core.reclaim.promises import DeviceBytes
 
 __all__ = ["allocator_promise", "workspace_blocks"]
 
