@@ -18,7 +18,7 @@ import pytest
 from _harness import run_cell_capture
 from gpumem.core.holders import find_holders
 from gpumem.core.monitoring.monitor import Monitor
-from gpumem.panel.holders import TOP_ROWS, build_holders, render_holders
+from gpumem.panel.holders_view import TOP_ROWS, build_holders, render_holders
 from gpumem.panel.routing import widget_comms
 from gpumem.panel.widget import Panel, close_all
 from gpumem.testing import GIB, MIB, FakeSource

@@ -54,7 +54,7 @@ class FreeDone:
 
 @dataclass(frozen=True)
 class HoldersDone:
-    """The holders view's worker finished: show its model (a :class:`gpumem.panel.holders.HoldersModel`)."""
+    """The holders view's worker finished: show its model (a :class:`gpumem.panel.holders_view.HoldersModel`)."""
 
     model: Any
 

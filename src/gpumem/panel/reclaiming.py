@@ -13,7 +13,7 @@ from typing import Any
 from gpumem.core.reclaim import UNBIND, Outcome, ShellReferences, perform
 from gpumem.panel.commands import AskConfirm, Command, HoldersDone, Notify, ReclaimDone, ReclaimStarted
 from gpumem.panel.freeing import FreeWorker
-from gpumem.panel.holders import HoldersPane, compute_holders, unbind_question
+from gpumem.panel.holders_view import HoldersPane, compute_holders, unbind_question
 
 __all__ = ["HoldersControl"]
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, NamedTuple, cast
 
 from gpumem.core.monitoring.monitor import Monitor, default_monitor
 from gpumem.core.readers.sources import Snapshot
-from gpumem.panel.cells import CellsPane, cell_records, last_oom
+from gpumem.panel.cell_list import CellsPane, cell_records, last_oom
 from gpumem.panel.commands import (
     AskConfirm,
     Command,
