@@ -120,7 +120,7 @@ class _Calls:
         for record in records:
             handle = record.handle()
             if not handle:
-                host, cuda = self._memory(record, inside=current != _NO_PARENT)
+                host, cuda = self._memory(record, current != _NO_PARENT)
                 cpu += host
                 device += cuda
                 continue
@@ -159,14 +159,16 @@ class _Calls:
         self.known[name] = shown = _LEFT if name in LEFT_OUT else "ProfilerStep*" if name.startswith(_STEP) else name
         return shown
 
-    def _memory(self, record: Any, *, inside: bool) -> tuple[int, int]:
-        """A record without a handle: the host and device bytes of a memory record, none of a mark."""
-        kind = record.kind()
-        if kind == "mark":
-            return 0, 0
-        if kind != "memory_alloc":
-            raise ValueError(f"a {kind} record without a handle")  # its call could not be paired
+    def _memory(self, record: Any, inside: bool) -> tuple[int, int]:
+        """A record without a handle: the host and device bytes of a memory record, none of a mark (whose
+        kind is read only where no bytes were: memory records are most of them)."""
         host, cuda = record.cpu_memory_usage(), record.cuda_memory_usage()
+        if not (host or cuda):
+            kind = record.kind()
+            if kind == "mark":
+                return 0, 0
+            if kind != "memory_alloc":
+                raise ValueError(f"a {kind} record without a handle")  # its call could not be paired
         if not inside:
             self.strays.append((host, cuda))
         return host, cuda
