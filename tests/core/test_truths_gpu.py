@@ -50,12 +50,12 @@ def test_oom_under_a_memory_fraction_shows_the_cap_and_the_device_apart() -> Non
         text = oom.render_text(report)
         print(json.dumps({
             "total": total, "allowed": allowed, "text": text, "message": message,
-            "report_allowed": report.allowed_bytes, "report_total": report.device_total_bytes,
-            "report_free": report.device_free_bytes, "requested": report.requested_bytes,
-            "allocated": report.allocated_bytes, "unallocated": report.reserved_unallocated_bytes,
-            "left": format_bytes((report.allowed_bytes or 0) - (4 << 30)),
-            "total_text": format_bytes(report.device_total_bytes or 0),
-            "allowed_text": format_bytes(report.allowed_bytes or 0),
+            "report_allowed": report.figures.allowed_bytes, "report_total": report.figures.device_total_bytes,
+            "report_free": report.figures.device_free_bytes, "requested": report.figures.requested_bytes,
+            "allocated": report.figures.allocated_bytes, "unallocated": report.figures.reserved_unallocated_bytes,
+            "left": format_bytes((report.figures.allowed_bytes or 0) - (4 << 30)),
+            "total_text": format_bytes(report.figures.device_total_bytes or 0),
+            "allowed_text": format_bytes(report.figures.allowed_bytes or 0),
         }))
         """
     )

@@ -19,12 +19,13 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+TESTS = str(Path(__file__).resolve().parents[1])  # the scripts' _harness (the test-only CommRecorder)
 MIB = 1 << 20
 
 
 def _run(script: str, timeout: float = 300) -> dict[str, Any]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([SRC, TESTS, env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True, text=True, timeout=timeout, env=env, check=False,
