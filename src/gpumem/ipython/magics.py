@@ -2,7 +2,7 @@
 
 ``%gpumem <subcommand>`` runs one function ``magic_<name>(subject, line)``: auto, history and status
 (:mod:`gpumem.ipython.session_magics`), summary, export and load
-(:mod:`gpumem.ipython.session_io_magics`) act on the loaded
+(:mod:`gpumem.ipython.session_file_magics`) act on the loaded
 :class:`~gpumem.ipython.state.ExtensionState`; who and free (:mod:`gpumem.ipython.memory_magics`)
 and monitor and sidebar (:mod:`gpumem.ipython.panel_magics`, imported when first used: the panel
 needs numpy and the widgets) act on the shell. Each parses its options, calls the core and shows
@@ -26,7 +26,7 @@ from gpumem.ipython.arguments import UsageError, did_you_mean, line_cell_magic, 
 from gpumem.ipython.cell_magic import HeaderTransformer, cell_usage, run_body
 from gpumem.ipython.hooks import CellHooks
 from gpumem.ipython.memory_magics import magic_free, magic_who
-from gpumem.ipython.session_io_magics import magic_export, magic_load, magic_summary
+from gpumem.ipython.session_file_magics import magic_export, magic_load, magic_summary
 from gpumem.ipython.session_magics import magic_auto, magic_history, magic_status
 from gpumem.ipython.state import ExtensionState
 

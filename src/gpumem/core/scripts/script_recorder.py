@@ -1,6 +1,6 @@
 """What a script asks a :class:`~gpumem.core.monitoring.monitor.Monitor` for: tags, scopes, step metrics, writers.
 
-Tags and step metrics are streams of one :class:`~gpumem.core.monitoring.intervals.IntervalClock`, so each has
+Tags and step metrics are streams of one :class:`~gpumem.core.monitoring.spans.IntervalClock`, so each has
 exact peaks since its own previous point; so are scopes, whose opening and closing are points too.
 """
 
@@ -13,8 +13,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gpumem.core.monitoring.intervals import Stream, clock_for
-from gpumem.core.monitoring.spans import SpanRecord
+from gpumem.core.monitoring.spans import SpanRecord, Stream, clock_for
 from gpumem.core.readers.readings import Snapshot
 from gpumem.core.readers.sources import MemorySource
 from gpumem.core.scripts.metric_writers import MetricsWriter
