@@ -21,7 +21,15 @@ would), three threads run at default settings: the sampler (``gpumem-sampler``),
 
 Floors: all threads together <= 0.2% of one core and <= 0.2% GIL time; traffic <= 50 KB/s.
 
+Case ``--case holders``: what the panel's holders view costs while no cell ends and no one looks at it.
+One panel is shown (an IPython shell with tensors in its namespace, walked once before timing); A hides
+its holders view (out of the panel's children, no walk after cells), B shows it. Paired in ABBA rounds
+with the A/A control, the measure being the threads' share of a core during each probe run: the
+process's CPU time minus the main thread's, per second of wall (every thread counted, short-lived
+walkers included). Goal: the A/B ratio inside the A/A noise.
+
     python benchmarks/bench_threads.py --out DIR [--budget 60] [--iterations 2000000] [--steady 20]
+    python benchmarks/bench_threads.py --case holders --out DIR [--budget 60]
 """
 
 from __future__ import annotations
@@ -251,8 +259,10 @@ def make_monitor(cuda: bool) -> Any:
 
 
 @contextlib.contextmanager
-def threads_on(probe: Probe, cuda: bool, settle_s: float) -> Iterator[None]:
-    """Sampler + shown panel + a status comm a front end confirmed, as with the panel visible in JupyterLab."""
+def threads_on(probe: Probe, cuda: bool, settle_s: float, shell: Any = None, panels: list[Any] | None = None
+               ) -> Iterator[None]:  # fmt: skip
+    """Sampler + shown panel + a status comm a front end confirmed, as with the panel visible in JupyterLab
+    (``shell``: the panel's IPython shell; ``panels`` receives the panel)."""
     from comm.base_comm import CommManager
 
     from gpumem.core.monitoring.monitor import set_default_monitor
@@ -265,7 +275,9 @@ def threads_on(probe: Probe, cuda: bool, settle_s: float) -> Iterator[None]:
     frontend.register_status_target(SimpleNamespace(kernel=SimpleNamespace(comm_manager=manager)))
     message = {"content": {"comm_id": "bench-status", "target_name": frontend.STATUS_TARGET, "data": {}}}
     manager.comm_open(None, None, message)  # the front end opens its own status comm: the publisher starts
-    panel = Panel(monitor)
+    panel = Panel(monitor, shell=shell)
+    if panels is not None:
+        panels.append(panel)
     panel._repr_mimebundle_()  # displayed: the sampler starts
     panel.set_state({"_view_count": 1})  # the front end reports a view
     time.sleep(settle_s)  # first full pushes done: what is timed is the steady state
@@ -322,7 +334,101 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gap-us", type=float, default=2.0, help="a probe gap longer than this is time lost")
     parser.add_argument("--settle", type=float, default=0.5, help="seconds after the threads start, untimed")
     parser.add_argument("--steady", type=float, default=None, help="seconds of the steady phase (GPU 20, CPU 15)")
+    parser.add_argument("--case", choices=("threads", "holders"), default="threads", help="what is paired")
     return parser.parse_args()
+
+
+def bench_shell(cuda: bool) -> Any:
+    """An IPython shell with a few tensors bound (as after some cells), its execution count fixed: no cell ends."""
+    import torch
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    device = "cuda" if cuda else "cpu"
+    shell.user_ns.update({f"t{i}": torch.ones(1 << 18, device=device) for i in range(8)})
+    shell.user_ns["model"] = torch.nn.Linear(256, 256).to(device)
+    shell.execution_count = 9
+    return shell
+
+
+@contextlib.contextmanager
+def holders_shown(panel: Any, shown: bool) -> Iterator[None]:
+    """B: the panel as it is, its holders view shown; A: that view out of the panel and never walked."""
+    if shown:
+        yield
+        return
+    children = panel.children
+    panel.children = tuple(child for child in children if child is not panel._holders)
+    panel._control.after_cells = lambda _visible: False
+    try:
+        yield
+    finally:
+        del panel._control.after_cells
+        panel.children = children
+
+
+def threads_share(probe: Probe, shares: dict[bool, list[float]], state: list[bool]) -> Any:
+    """The workload: one probe run; returns the other threads' CPU seconds per second of its wall time."""
+
+    def run(iterations: int) -> float:
+        process, main = time.process_time(), time.thread_time()
+        elapsed = probe(iterations)
+        share = max(0.0, (time.process_time() - process) - (time.thread_time() - main)) / elapsed
+        shares[state[0]].append(share)
+        return share
+
+    return run
+
+
+def holders_case(args: argparse.Namespace, cuda: bool) -> dict[str, Any]:
+    """Threads' share of a core with the holders view shown (B) and hidden (A), paired, with the A/A control."""
+    probe = Probe(args.gap_us * 1e-6)
+    panels: list[Any] = []
+    shares: dict[bool, list[float]] = {False: [], True: []}
+    state = [False]
+
+    @contextlib.contextmanager
+    def variant(shown: bool) -> Iterator[None]:
+        state[0] = shown
+        with holders_shown(panels[0], shown):
+            yield
+
+    with threads_on(probe, cuda, STEADY_SETTLE_S, shell=bench_shell(cuda), panels=panels):
+        panels[0].refresh_holders(wait=True)  # the walk a shown panel makes once: then no cell ends
+        walked = panels[0]._holders.model
+        result = _paired.paired_ratio(
+            lambda: variant(False), lambda: variant(True), threads_share(probe, shares, state),
+            size=args.iterations or 10_000_000, budget_s=args.budget or 90.0,
+        )  # fmt: skip
+    return {
+        "benchmark": "threads, holders view shown / hidden",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": CPU_LABEL if not cuda else "cuda",
+        "paired": result,
+        "threads_share_hidden": statistics.median(shares[False]),
+        "threads_share_shown": statistics.median(shares[True]),
+        "runs": {"hidden": len(shares[False]), "shown": len(shares[True])},
+        "holders_walked": len(walked.rows) if walked is not None else 0,
+    }
+
+
+def holders_main(args: argparse.Namespace, cuda: bool) -> int:
+    report = holders_case(args, cuda)
+    (args.out / "bench_threads_holders.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = [
+        f"### gpumem threads, the holders view shown / hidden ({report['machine']}, {report['date']})",
+        "",
+        *_paired.MARKDOWN_HEADER,
+        _paired.markdown_row("threads' share of a core, holders view shown / hidden", report["paired"]),
+        "",
+        (
+            f"Threads' share of a core (median run): {report['threads_share_shown']:.3%} shown, "
+            f"{report['threads_share_hidden']:.3%} hidden; {report['holders_walked']} holders walked once before."
+        ),
+    ]
+    (args.out / "bench_threads_holders.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 def steady_phase(recorder: Any, cuda: bool, seconds: float, iterations: int, gap_s: float) -> Probe:
@@ -354,6 +460,8 @@ def main() -> int:
         cuda = False
     if cuda:
         torch.zeros(1, device="cuda")
+    if args.case == "holders":
+        return holders_main(args, cuda)
     budget = args.budget or (60.0 if cuda else 40.0)
     iterations = args.iterations or (4_000_000 if cuda else 2_000_000)
     from _harness.traffic import CommRecorder

@@ -53,3 +53,23 @@ def test_method_check_line_names_each_method() -> None:
     assert "/ 50 (proc ticks)" in line
     assert "sleeper at 10 Hz 0.41 / 0.41 / 0;" in line
     assert "costs 0.40 us" in line
+
+
+def test_the_holders_case_hides_the_view_then_gives_it_back() -> None:
+    from gpumem.core.monitoring.monitor import Monitor
+    from gpumem.panel.widget import Panel, close_all
+    from gpumem.testing import FakeSource
+
+    monitor = Monitor(FakeSource())
+    panel = Panel(monitor, autostart=False)
+    try:
+        shown = panel.children
+        with bench.holders_shown(panel, shown=False):
+            assert panel._holders not in panel.children and len(panel.children) == len(shown) - 1
+            assert panel._control.after_cells(True) is False  # no walk while hidden
+        assert panel.children == shown and "after_cells" not in vars(panel._control)
+        with bench.holders_shown(panel, shown=True):
+            assert panel.children == shown
+    finally:
+        close_all()
+        monitor.stop()

@@ -95,6 +95,11 @@ def _release_out_without_typing(page: Page) -> None:
     _wait_for(lambda: not any(t.startswith("Release Out[") for t in _labels(page)), 15, "the button to go", page)
 
 
+def _standing(page: Page) -> list[str]:
+    items = page.locator(f"{PANEL} .gm-cells-pane .gm-conditions li")
+    return [items.nth(i).inner_text().strip() for i in range(items.count()) if items.nth(i).is_visible()]
+
+
 def _action_while_a_cell_runs(page: Page) -> float:
     """Click "Drop model's gradients" 2 s into a long cell: seconds until its result is shown."""
     loop = run_cell(page, LONG_CELL, wait=False)
@@ -144,7 +149,13 @@ def test_holders_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page
     run_cell(page, SETUP)
     run_cell(page, "%gpumem monitor")
     page.locator(PANEL).first.wait_for(state="visible")
+    # The condition IPython's Out makes stands under the cells with its cell and its button, until released.
+    line = _wait_for(lambda: next(iter(_standing(page)), None), 30, "the standing Out condition", page)
+    assert re.fullmatch(
+        r"IPython holds 3\.8 MiB in Out\[(\d+)\] \(cell \[\1\]\) — Release Out\[\1\]: 3\.8 MiB", line
+    ), line
     _release_out_without_typing(page)
+    _wait_for(lambda: not _standing(page), 15, "the Out condition to go once released", page)
     _assert_fits(page, "1600 px notebook")
     page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "holders_jupyterlab.png"))
     _action_while_a_cell_runs(page)

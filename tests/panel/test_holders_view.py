@@ -190,3 +190,32 @@ def test_after_an_out_of_memory_error_the_panel_shows_the_explanation(ip: Any, m
         _wait_until(lambda: panel.refresh() and panel._cells.oom.value == shown)
     finally:
         note_oom(None)
+
+
+def test_standing_conditions_are_listed_with_their_cell_and_go_once_fixed(ip: Any, monitor: Monitor) -> None:
+    cell(ip, "import torch")
+    number = cell(ip, f"torch.ones({FLOATS})").execution_count
+    cell(ip, "w = torch.ones(3, requires_grad=True)\nloss = (w * 2).sum()")
+    handle = monitor.source.allocate(75 * GIB)  # the fake device 94% full
+    panel = Panel(monitor, autostart=False, shell=ip)
+    panel.refresh_holders(wait=True)
+    assert panel.refresh()
+    shown = panel._cells.conditions
+    lines = re.findall(r"<li>(.*?)</li>", shown.value)
+    assert shown.layout.display == "block" and len(lines) == 3, lines
+    assert (
+        _text(lines[0]) == f"IPython holds 3.8 MiB in Out[{number}] (cell [{number}]) — Release Out[{number}]: 3.8 MiB"
+    )
+    assert _text(lines[1]).startswith("loss keeps an autograd graph alive — store `.item()`")
+    assert _text(lines[2]).startswith("cuda:0 is 94% full — ")
+    monitor.source.free(handle)  # to the fake allocator's cache: the device stays as full
+    panel.reclaim("outputs")  # its button's action, which empties the cache too; then the walk again
+    assert panel.refresh()
+    assert [_text(line).split(" —")[0] for line in re.findall(r"<li>(.*?)</li>", shown.value)] == [
+        "loss keeps an autograd graph alive"
+    ]
+    cell(ip, "del loss")
+    panel.refresh_holders(wait=True)
+    assert panel.refresh()
+    assert shown.value == "", _text(shown.value)
+    assert shown.layout.display == "none"

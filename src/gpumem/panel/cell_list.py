@@ -9,8 +9,9 @@ shown (a copy of a bounded deque); a report is rendered only for the cell picked
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
@@ -20,7 +21,18 @@ from gpumem.core.diagnoses.oom import render_html
 from gpumem.core.units import format_delta
 from gpumem.panel.cell_source import cell_records, last_oom, set_cell_source
 
-__all__ = ["CELLS_SHOWN", "CellsPane", "cell_options", "cell_records", "last_oom", "set_cell_source"]
+if TYPE_CHECKING:
+    from gpumem.panel.holders_view import ConditionLine
+
+__all__ = [
+    "CELLS_SHOWN",
+    "CellsPane",
+    "cell_options",
+    "cell_records",
+    "last_oom",
+    "render_conditions",
+    "set_cell_source",
+]
 
 CELLS_SHOWN = 20  # the newest cells offered
 # A report is laid out for an output area; in the panel (a sidebar's width too) its tables and lines wrap.
@@ -49,6 +61,22 @@ def cell_options(records: Sequence[CellRecord]) -> list[tuple[str, int]]:
     return [("pick a measured cell", _NONE), *((_label(record), record.serial) for record in newest)]
 
 
+def render_conditions(lines: Sequence[ConditionLine]) -> str:
+    """What stands now, one line each: the condition (the cell that caused it) — what fixes it."""
+    if not lines:
+        return ""
+    items = "".join(
+        f"<li>{html.escape(line.text)}{f' ({html.escape(line.cell)})' if line.cell else ''}"
+        f" \u2014 {html.escape(line.fix)}</li>"
+        for line in lines
+    )
+    return (
+        '<div class="gm-title">Standing now</div>'
+        f'<ul class="gm-conditions" aria-label="conditions that stand now" style="margin:2px 0;padding-left:18px">'
+        f"{items}</ul>"
+    )
+
+
 class CellsPane(widgets.VBox):  # type: ignore[misc]
     """A dropdown of the newest measured cells and the picked cell's report (its warnings included)."""
 
@@ -60,9 +88,10 @@ class CellsPane(widgets.VBox):  # type: ignore[misc]
         )  # fmt: skip
         self.report = widgets.HTML("", layout=widgets.Layout(max_width="100%"))
         self.oom = widgets.HTML("", layout=widgets.Layout(max_width="100%", display="none"))
+        self.conditions = widgets.HTML("", layout=widgets.Layout(max_width="100%", display="none"))
         self._records: dict[int, CellRecord] = {}
         self._oom_shown = 0
-        super().__init__([self.oom, self.choice, self.report], layout=widgets.Layout(width="100%"))
+        super().__init__([self.oom, self.conditions, self.choice, self.report], layout=widgets.Layout(width="100%"))
         self.add_class("gm-cells-pane")
 
     # Writer thread only ---------------------------------------------------------------------------
@@ -76,6 +105,14 @@ class CellsPane(widgets.VBox):  # type: ignore[misc]
         with self.choice.hold_sync():
             self.choice.options = options
             self.choice.value = current
+
+    def show_conditions(self, lines: Sequence[ConditionLine]) -> None:
+        """The conditions that stand now (those gone since the last walk are no longer listed)."""
+        text = render_conditions(lines)
+        if text != self.conditions.value:
+            with self.conditions.hold_sync():
+                self.conditions.value = text
+                self.conditions.layout.display = "block" if text else "none"
 
     def show_oom(self, found: tuple[int, Any] | None) -> None:
         """The newest out-of-memory explanation, once per explanation (the actions above free what it names)."""

@@ -15,16 +15,21 @@ from typing import Any, NamedTuple
 
 import ipywidgets as widgets
 
+from gpumem.core.cells.attribution import held_variables
+from gpumem.core.cells.causes import StandingCondition, standing_by_cell
 from gpumem.core.holders import find_holders
-from gpumem.core.reclaim import UNBIND, HeldReferences, Outcome, available_actions, promise
+from gpumem.core.reclaim import EXCEPTION, OUTPUTS, UNBIND, HeldReferences, Outcome, available_actions, promise
 from gpumem.core.units import format_bytes
+from gpumem.panel.cell_source import cell_records
 
 __all__ = [
     "ACTION_SLOTS",
+    "ConditionLine",
     "HoldersModel",
     "HoldersPane",
     "build_holders",
     "compute_holders",
+    "condition_lines",
     "render_holders",
     "unbind_question",
 ]
@@ -49,6 +54,15 @@ class ActionLine(NamedTuple):
     tooltip: str
 
 
+class ConditionLine(NamedTuple):
+    """A condition that stands now, the cell that caused it, and what fixes it (an action's button text
+    when one click does)."""
+
+    text: str
+    cell: str
+    fix: str
+
+
 class HoldersModel(NamedTuple):
     kinds: tuple[tuple[str, int], ...]
     rows: tuple[HolderLine, ...]
@@ -56,6 +70,7 @@ class HoldersModel(NamedTuple):
     names: tuple[str, ...]  # the names a user may unbind (those holding memory)
     device: str
     note: str = ""
+    conditions: tuple[ConditionLine, ...] = ()  # shown under the cells
 
 
 def compute_holders(held: HeldReferences | None, shell: Any, source: Any) -> HoldersModel:
@@ -75,7 +90,25 @@ def _compute(held: HeldReferences | None, shell: Any, source: Any) -> HoldersMod
         return HoldersModel((), (), (), (), device, "no IPython shell: nothing to walk")
     report = find_holders(namespace, device=device, shell=shell, time_budget_s=2.0)
     promises = [found for action in available_actions(held) if (found := _promise(action, held, source))]
-    return build_holders(report, promises, device)
+    model = build_holders(report, promises, device)
+    try:
+        readings = source.snapshot().devices
+    except Exception:
+        readings = ()  # the devices cannot be read now: what the walk found still stands
+    standing = standing_by_cell(held_variables(report), readings, cell_records())
+    return model._replace(conditions=condition_lines(standing, model.actions))
+
+
+_FIXED_BY = {"output-cache": OUTPUTS, "exception": EXCEPTION}  # the conditions one button fixes
+
+
+def condition_lines(standing: list[StandingCondition], actions: tuple[ActionLine, ...]) -> tuple[ConditionLine, ...]:
+    """Each condition with the button that fixes it (its label, bytes included), or the advice in words."""
+    buttons = {line.action: line.text for line in actions}
+    return tuple(
+        ConditionLine(condition.text, condition.cell, buttons.get(_FIXED_BY.get(condition.kind, ""), condition.advice))
+        for condition in standing
+    )
 
 
 def unbind_question(name: str, held: HeldReferences, source: Any) -> str:

@@ -350,6 +350,8 @@ class Panel(PanelView):
 
     def _on_holders(self, command: Command) -> None:
         self._control.on_command(command)
+        if isinstance(command, HoldersDone) and command.model is not None:
+            self._cells.show_conditions(command.model.conditions)
         if isinstance(command, ReclaimDone):
             self._schedule.invalidate()
 
