@@ -69,13 +69,15 @@ def test_host_memory_kept_on_every_rerun_is_a_leak(real_shell: Any, make: str) -
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     real_shell.user_ns.update(np=np, torch=torch, MIB=MIB, kept=[])
+    run_cell_capture(real_shell, "import gc; gc.collect()")  # an earlier test's garbage, not freed mid-run
     run_cell_capture(real_shell, "%gpumem auto on")
-    seen = [_outputs(run_cell_capture(real_shell, f"kept.append({make})")[1]) for _ in range(3)]
+    seen = [_outputs(run_cell_capture(real_shell, f"kept.append({make})")[1]) for _ in range(5)]
     assert "possible leak" not in seen[0] + seen[1]
-    assert (
-        "possible leak on re-run: this cell has run 3 times and each of the last 3 runs left host memory (RSS)"
-        in (seen[2])
-    )
+    # Said from the third run on; on a loaded machine one run's RSS may grow less than it kept (pages the
+    # process had already touched are reused), which delays it by a run or two, never makes it early.
+    warning = "this cell has run {} times and each of the last 3 runs left host memory (RSS)"
+    said = [n + 1 for n, text in enumerate(seen) if f"possible leak on re-run: {warning.format(n + 1)}" in text]
+    assert said and said[0] >= 3, seen  # the third run at the earliest
     real_shell.user_ns["kept"].clear()
     # The same cell that frees what it made is no leak, however often it runs.
     seen = [_outputs(run_cell_capture(real_shell, f"x = {make}\ndel x")[1]) for _ in range(4)]

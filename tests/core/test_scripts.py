@@ -50,10 +50,12 @@ def test_the_guides_flow_on_the_host_source_without_cuda() -> None:
         plain = mon.snapshot()
         assert isinstance(plain, Snapshot)  # no tag: the plain reading, as before
         before = mon.snapshot("before_model")
-        model = torch.nn.Linear(2048, 2048)  # 16 MiB of float32 weights in this process's memory
+        # 64 MiB of float32 weights: above glibc's largest mmap threshold (32 MiB), so they are new pages in
+        # this process's memory, never a reuse of heap an earlier test freed (16 MiB could be, and was).
+        model = torch.nn.Linear(4096, 4096)
         after = mon.snapshot("after_model")
         optimizer = torch.optim.Adam(model.parameters())
-        model(torch.ones(8, 2048)).sum().backward()
+        model(torch.ones(8, 4096)).sum().backward()
         optimizer.step()
         last = mon.snapshot("after_optimizer")
         assert [record.label for record in mon.recorder.tags] == ["before_model", "after_model", "after_optimizer"]
