@@ -109,6 +109,18 @@ def test_crowded_marks_are_grouped_and_no_line_crosses_a_label(width_px: int) ->
     assert min(laid.mark_tops) < 1.0, "the lines that would cross a label stop under the labels' band"
 
 
+@pytest.mark.parametrize("width_px", [COMPACT_PLOT_WIDTH_PX, INLINE_PLOT_WIDTH_PX])
+def test_no_line_crosses_a_label_when_drawn_wider_than_laid_out(width_px: int) -> None:
+    # Laid out at the narrowest width, drawn at any wider one: labels keep their pixel size while lines spread.
+    # The panel opened at the left edge (its label goes right of its line), cells ran within a pixel after it.
+    opened = _frame([600.0, 700.0, 800.0, 30_000.0], ["panel opened", "[4]", "[5]", "[6]"])
+    for frame in (opened, _crowd()):
+        laid = layout_marks(frame, width_px, COMPACT_PLOT_HEIGHT_PX)
+        assert any(laid.mark_labels), laid.mark_labels
+        for scale in (1.0, 1.5, 2.0, 3.0, 4.0, 8.0, 16.0):
+            assert _lines_crossing_labels(laid, width_px * scale) == [], (scale, laid.mark_labels, laid.mark_tops)
+
+
 def _cell_range(label: str) -> list[int]:
     first, _, last = label.strip("[]").partition("\u2013")
     return list(range(int(first), int(last or first) + 1))
