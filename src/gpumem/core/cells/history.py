@@ -171,6 +171,7 @@ def record_to_dict(record: CellRecord) -> dict[str, Any]:
         "source_hash": record.source_hash,
         "started_wall_s": record.started_wall_s,
         "duration_s": record.duration_s,
+        "monotonic_s": record.monotonic_s,
         "status": record.status,
         "error": record.error,
         "mode": record.mode,
