@@ -1,5 +1,5 @@
 """A measured stretch of time and its figures: a cell, a ``gpumem.measure`` block, a segment of a script's
-tags and scopes, the panel's "since it opened".
+tags and scopes, the panel's "since it opened"; and the one record a measured block leaves (:class:`SpanRecord`).
 
 A stretch follows the process-wide peak rule of :mod:`gpumem.core.monitoring.peaks`: it resets the raised peak
 counters when it starts unless its peaks are kept or another measurement runs (then the outer one keeps
