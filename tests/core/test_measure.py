@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import gpumem
@@ -13,6 +15,7 @@ from gpumem.core.readers.readings import Snapshot
 from gpumem.core.readers.sources import HostSource
 from gpumem.core.scripts.memory_report import report_rows
 from gpumem.core.scripts.script_recorder import metrics_of
+from gpumem.core.sessions.session_file import record_from_dict
 from gpumem.testing import GIB, MIB, FakeSource
 
 
@@ -218,6 +221,6 @@ def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None
         assert record.monotonic_s is not None and record.wall_time_s >= record.started_wall_s
     # One record, one set of renderers: each path's record goes through the other's.
     assert "block" in repr(CellReport(tracked)) and "+256.0 MiB" in repr(CellReport(tracked))
-    assert record_to_dict(tracked).keys() == record_to_dict(measured).keys()
+    assert [record_from_dict(json.loads(json.dumps(record_to_dict(record)))) for record in records] == records
     assert metrics_of(measured).keys() == metrics_of(tracked).keys()
     assert [row["peak_allocated_bytes"] for row in report_rows(records)] == [GIB + 256 * MIB] * 2
