@@ -450,6 +450,11 @@ def _fields(cls: Any, item: Mapping[str, Any]) -> dict[str, Any]:
     return {name: item[name] for name in cls._fields if name in item}
 
 
+# What every export of a record has had, though the record itself has a default for it (a scope's).
+_EVERY_EXPORT_HAS = ("cell", "serial", "source_hash", "status", "error", "variables_note", "cuda_note",
+                     "keep_peaks", "mode")  # fmt: skip
+
+
 def record_from_dict(item: Mapping[str, Any]) -> CellRecord:
     """The record that :func:`record_to_dict` described (a field an older export lacks keeps its default)."""
     fields = _fields(CellRecord, item)
@@ -462,4 +467,7 @@ def record_from_dict(item: Mapping[str, Any]) -> CellRecord:
     fields["host"] = None if host is None else HostChange(**_fields(HostChange, host))
     fields["variables"] = tuple(VariableChange(**_fields(VariableChange, v)) for v in item["variables"])
     fields["warnings"] = tuple(CellWarning(**_fields(CellWarning, w)) for w in item["warnings"])
+    missing = [name for name in _EVERY_EXPORT_HAS if name not in item]  # then it is not an export of ours
+    if missing:
+        raise KeyError(", ".join(missing))
     return CellRecord(**fields)
