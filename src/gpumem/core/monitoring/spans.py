@@ -26,11 +26,6 @@ from gpumem.core.readers.sources import MemorySource, SystemSource
 
 __all__ = [
     "FIRST_TAG_NOTE",
-    "STATUSES",
-    "STATUS_ERROR",
-    "STATUS_INTERRUPTED",
-    "STATUS_OK",
-    "STATUS_OUT_OF_MEMORY",
     "CellWarning",
     "DeviceChange",
     "HostChange",
@@ -41,7 +36,6 @@ __all__ = [
     "Stream",
     "Stretch",
     "VariableChange",
-    "classify_error",
     "clock_for",
     "counter_changes",
     "first_tag_record",
