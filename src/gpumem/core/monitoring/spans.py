@@ -162,7 +162,7 @@ class KindChange(NamedTuple):
 
 class SpanRecord(NamedTuple):
     """What one measured block did to memory: a cell or a ``gpumem.measure`` block (``kind`` "cell", kept by
-    the cell tracker), a ``Monitor.track`` scope ("scope"), a tag ("tag"). Immutable.
+    the cell tracker), a ``Monitor.track`` scope ("scope"), a tag ("tag"), a ``gpumem run`` ("run"). Immutable.
 
     Every block has the figures of its stretch; the parts only a cell has (its source, the variables that
     grew, warnings, kinds) and only a scope has (its path) keep their defaults elsewhere.
