@@ -150,25 +150,20 @@ def record_to_dict(record: CellRecord) -> dict[str, Any]:
     derived deltas spelled out (:func:`gpumem.core.sessions.session_file.record_from_dict` reads it back)."""
     item: dict[str, Any] = {"cell": record.execution_count, **record._asdict()}
     del item["execution_count"]
-    item["devices"] = [
-        {
-            **change._asdict(),
-            "allocated_delta_bytes": change.allocated_delta_bytes,
-            "reserved_delta_bytes": change.reserved_delta_bytes,
-            "peak_above_start_bytes": change.peak_above_start_bytes,
-            "used_delta_bytes": change.used_delta_bytes,
-        }
-        for change in record.devices
-    ]
-    host = record.host
-    if host is not None:
-        item["host"] = {**host._asdict(), "rss_delta_bytes": host.rss_delta_bytes,
-                        "peak_above_start_bytes": host.peak_above_start_bytes}  # fmt: skip
+    derived = ("allocated_delta_bytes", "reserved_delta_bytes", "peak_above_start_bytes", "used_delta_bytes")
+    item["devices"] = [_with(change, derived) for change in record.devices]
+    if record.host is not None:
+        item["host"] = _with(record.host, ("rss_delta_bytes", "peak_above_start_bytes"))
     item["variables"] = [change._asdict() for change in record.variables]
     item["warnings"] = [warning._asdict() for warning in record.warnings]
-    item["kinds"] = [{**change._asdict(), "delta_bytes": change.delta_bytes} for change in record.kinds]
+    item["kinds"] = [_with(change, ("delta_bytes",)) for change in record.kinds]
     item.update(path=list(record.path), notes=list(record.notes))
     return item
+
+
+def _with(part: Any, derived: tuple[str, ...]) -> dict[str, Any]:
+    """A part of a record (a NamedTuple) as a dict, with the derived figures named."""
+    return {**part._asdict(), **{name: getattr(part, name) for name in derived}}
 
 
 # The flat rows' columns: the record's own, then host and per-device figures (their names in
