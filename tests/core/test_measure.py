@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import gpumem
+from gpumem.core.cells.record import CellRecord
+from gpumem.core.cells.report import CellReport, record_to_dict
 from gpumem.core.monitoring.monitor import Monitor, default_monitor, set_default_monitor
+from gpumem.core.monitoring.spans import SpanRecord
+from gpumem.core.readers.readings import Snapshot
+from gpumem.core.readers.sources import HostSource
+from gpumem.core.scripts.memory_report import report_rows
+from gpumem.core.scripts.script_recorder import metrics_of
+from gpumem.core.sessions.session_file import record_from_dict
 from gpumem.testing import GIB, MIB, FakeSource
 
 
@@ -165,3 +175,52 @@ def test_a_measured_block_and_a_tracked_scope_are_one_kind_of_stretch(fake: Fake
     assert tracked.allocated_bytes == tracked.allocated_after_bytes == GIB + 256 * MIB  # a scope's "now"
     monitor.stop()
     fake.free(kept)
+
+
+class _HostOfThisProcess(FakeSource):
+    """Fake CUDA devices, and this process's real resident memory (the host figures of both records)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.host_reader = HostSource()
+
+    def snapshot(self, *, process_memory: bool = False) -> Snapshot:
+        return super().snapshot(process_memory=process_memory)._replace(host=self.host_reader.read())
+
+
+def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None:
+    torch = pytest.importorskip("torch")
+    source = _HostOfThisProcess()
+    previous = set_default_monitor(Monitor(source))
+    records = []
+    try:
+        for block in (gpumem.measure("block"), default_monitor().track("block")):
+            with block:
+                grown = source.allocate(256 * MIB)
+                source.transient(GIB)
+                tensor = torch.ones(16 * MIB)  # 64 MiB of new pages (above glibc's largest mmap threshold)
+                tensor.add_(1.0)
+            records.append(block.record)
+            source.free(grown)
+            source.empty_cache()  # both start from the same device figures
+            del tensor
+    finally:
+        set_default_monitor(previous)
+    measured, tracked = records
+    assert type(measured) is type(tracked) is SpanRecord is CellRecord
+    assert (measured.label, measured.first_line, measured.status, measured.error) == ("block", "block", "ok", None)
+    assert (tracked.label, tracked.first_line, tracked.status, tracked.error) == ("block", "block", "ok", None)
+    assert (measured.kind, tracked.kind, tracked.path) == ("cell", "scope", ("block",))
+    # The same device figures; only a measured block also asks NVML for this process's share (its full report
+    # splits "device used" with it).
+    assert [change._replace(process_used_after_bytes=None) for change in measured.devices] == list(tracked.devices)
+    assert tracked.devices[0].peak_exact and tracked.devices[0].peak_above_start_bytes == GIB + 256 * MIB
+    for record in records:
+        assert record.host is not None and record.host.rss_delta_bytes >= 48 * MIB, record.host
+        assert record.host.peak_above_start_bytes >= record.host.rss_delta_bytes
+        assert record.monotonic_s is not None and record.wall_time_s >= record.started_wall_s
+    # One record, one set of renderers: each path's record goes through the other's.
+    assert "block" in repr(CellReport(tracked)) and "+256.0 MiB" in repr(CellReport(tracked))
+    assert [record_from_dict(json.loads(json.dumps(record_to_dict(record)))) for record in records] == records
+    assert metrics_of(measured).keys() == metrics_of(tracked).keys()
+    assert [row["peak_allocated_bytes"] for row in report_rows(records)] == [GIB + 256 * MIB] * 2

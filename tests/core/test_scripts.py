@@ -344,3 +344,13 @@ def test_in_ipython_the_report_is_displayed_as_html_and_not_printed(ip) -> None:
         assert "before_model" in html and "<table" in html
     finally:
         ip.run_cell("mon.stop()")
+
+
+def test_every_tag_is_a_tag_and_a_failed_scope_has_a_cells_status(mon: Monitor, fake: FakeSource) -> None:
+    mon.snapshot("a")
+    mon.snapshot("b")
+    with pytest.raises(MemoryError), mon.track("s") as scope:
+        fake.allocate(100 * GIB)  # past the fake device's capacity
+    assert [record.kind for record in mon.recorder.tags] == ["tag", "tag"]
+    assert scope.record is not None and scope.record.status == "out of memory"
+    assert scope.record.error == "MemoryError: fake CUDA out of memory on device 0"

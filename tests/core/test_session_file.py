@@ -333,6 +333,16 @@ def _refused(path: Path) -> str:
     return str(error.value)
 
 
+def test_a_cell_missing_a_field_every_export_has_is_refused_though_the_record_has_a_default(tmp_path: Path) -> None:
+    target = tmp_path / "cells.json"
+    write_json([_record(1)], target)
+    document = json.loads(target.read_text())
+    del document["cells"][0]["status"]  # a scope's record is "ok" by default; a cell in a file must say
+    target.write_text(json.dumps(document))
+    with pytest.raises(SessionFormatError, match="cell 1: KeyError: 'status'"):
+        read_session(target)
+
+
 def test_a_damaged_parquet_export_is_refused_saying_why(tmp_path: Path) -> None:
     pytest.importorskip("pyarrow.parquet")
     _parquet_export(tmp_path)

@@ -146,45 +146,24 @@ def _marks(record: CellRecord) -> str:
 
 
 def record_to_dict(record: CellRecord) -> dict[str, Any]:
-    """A JSON-ready nested dict, with the derived deltas spelled out."""
-    devices = []
-    for change in record.devices:
-        item: dict[str, Any] = change._asdict()
-        item.update(
-            allocated_delta_bytes=change.allocated_delta_bytes,
-            reserved_delta_bytes=change.reserved_delta_bytes,
-            peak_above_start_bytes=change.peak_above_start_bytes,
-            used_delta_bytes=change.used_delta_bytes,
-        )
-        devices.append(item)
-    host: dict[str, Any] | None = None
+    """Every field of a measured block's record as JSON-ready data, the execution count as ``cell`` and the
+    derived deltas spelled out (:func:`gpumem.core.sessions.session_file.record_from_dict` reads it back)."""
+    item: dict[str, Any] = {"cell": record.execution_count, **record._asdict()}
+    del item["execution_count"]
+    derived = ("allocated_delta_bytes", "reserved_delta_bytes", "peak_above_start_bytes", "used_delta_bytes")
+    item["devices"] = [_with(change, derived) for change in record.devices]
     if record.host is not None:
-        host = record.host._asdict()
-        host.update(
-            rss_delta_bytes=record.host.rss_delta_bytes,
-            peak_above_start_bytes=record.host.peak_above_start_bytes,
-        )
-    return {
-        "cell": record.execution_count,
-        "serial": record.serial,
-        "first_line": record.first_line,
-        "source_hash": record.source_hash,
-        "started_wall_s": record.started_wall_s,
-        "duration_s": record.duration_s,
-        "status": record.status,
-        "error": record.error,
-        "mode": record.mode,
-        "keep_peaks": record.keep_peaks,
-        "devices": devices,
-        "host": host,
-        "variables": [change._asdict() for change in record.variables],
-        "variables_note": record.variables_note,
-        "warnings": [warning._asdict() for warning in record.warnings],
-        "cuda_note": record.cuda_note,
-        "kinds": [{**change._asdict(), "delta_bytes": change.delta_bytes} for change in record.kinds],
-        "kinds_since": record.kinds_since,
-        "notes": list(record.notes),
-    }
+        item["host"] = _with(record.host, ("rss_delta_bytes", "peak_above_start_bytes"))
+    item["variables"] = [change._asdict() for change in record.variables]
+    item["warnings"] = [warning._asdict() for warning in record.warnings]
+    item["kinds"] = [_with(change, ("delta_bytes",)) for change in record.kinds]
+    item.update(path=list(record.path), notes=list(record.notes))
+    return item
+
+
+def _with(part: Any, derived: tuple[str, ...]) -> dict[str, Any]:
+    """A part of a record (a NamedTuple) as a dict, with the derived figures named."""
+    return {**part._asdict(), **{name: getattr(part, name) for name in derived}}
 
 
 # The flat rows' columns: the record's own, then host and per-device figures (their names in

@@ -311,6 +311,7 @@ class CellTracker:
                 source_hash=key,
                 started_wall_s=cell.started_wall_s,
                 duration_s=duration_s,
+                monotonic_s=end.monotonic_s,
                 status=status,
                 error=error_text,
                 devices=devices,

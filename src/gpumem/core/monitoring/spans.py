@@ -1,5 +1,5 @@
 """A measured stretch of time and its figures: a cell, a ``gpumem.measure`` block, a segment of a script's
-tags and scopes, the panel's "since it opened".
+tags and scopes, the panel's "since it opened"; and the one record a measured block leaves (:class:`SpanRecord`).
 
 A stretch follows the process-wide peak rule of :mod:`gpumem.core.monitoring.peaks`: it resets the raised peak
 counters when it starts unless its peaks are kept or another measurement runs (then the outer one keeps
@@ -26,13 +26,16 @@ from gpumem.core.readers.sources import MemorySource, SystemSource
 
 __all__ = [
     "FIRST_TAG_NOTE",
+    "CellWarning",
     "DeviceChange",
     "HostChange",
     "IntervalClock",
+    "KindChange",
     "Span",
     "SpanRecord",
     "Stream",
     "Stretch",
+    "VariableChange",
     "clock_for",
     "counter_changes",
     "first_tag_record",
@@ -114,26 +117,132 @@ class HostChange(NamedTuple):
         return self.peak_rss_bytes - self.rss_before_bytes
 
 
-class SpanRecord(NamedTuple):
-    """A finished span: a tag (figures since the previous tag) or a scope (figures inside the block)."""
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+STATUS_INTERRUPTED = "interrupted"
+STATUS_OUT_OF_MEMORY = "out of memory"
+STATUSES = (STATUS_OK, STATUS_ERROR, STATUS_INTERRUPTED, STATUS_OUT_OF_MEMORY)
+_ERROR_LIMIT = 200  # characters of an error's description kept in a record
 
-    label: str
-    kind: str  # "tag" or "scope"
-    path: tuple[str, ...]  # the enclosing scopes' labels and this one's; (label,) for tags
+
+class VariableChange(NamedTuple):
+    """A name that holds CUDA memory after the cell and is new, or holds more than before."""
+
+    name: str
+    type_name: str
+    device: str
+    nbytes: int
+    previous_bytes: int | None  # None: not holding CUDA memory at the last attribution
+    hidden: bool  # one of IPython's own references (Out, _N, the last exception)
+
+    @property
+    def grown_bytes(self) -> int:
+        return self.nbytes - (self.previous_bytes or 0)
+
+
+class CellWarning(NamedTuple):
+    """Something the user should act on; ``kind``: leak, graph, staircase, output-cache, peak-reset, capacity,
+    fragmentation."""
+
+    kind: str
+    message: str
+
+
+class KindChange(NamedTuple):
+    """One kind (as :data:`gpumem.core.holders.model` names them) before and after a cell."""
+
+    kind: str
+    before_bytes: int
+    after_bytes: int
+
+    @property
+    def delta_bytes(self) -> int:
+        return self.after_bytes - self.before_bytes
+
+
+class SpanRecord(NamedTuple):
+    """What one measured block did to memory: a cell or a ``gpumem.measure`` block (``kind`` "cell", kept by
+    the cell tracker), a ``Monitor.track`` scope ("scope"), a tag ("tag"), a ``gpumem run`` ("run"). Immutable.
+
+    Every block has the figures of its stretch; the parts only a cell has (its source, the variables that
+    grew, warnings, kinds) and only a scope has (its path) keep their defaults elsewhere.
+    """
+
+    first_line: str  # a cell's first line of code; the label of a block, scope or tag
     started_wall_s: float
-    wall_time_s: float  # when it ended (a tag: when it was taken)
-    monotonic_s: float
     duration_s: float
     devices: tuple[DeviceChange, ...]
     host: HostChange | None
-    error: str | None = None  # a scope left by an exception: its type and message
+    status: str = STATUS_OK
+    error: str | None = None  # a block left by an exception: its type and message
+    kind: str = "cell"
+    path: tuple[str, ...] = ()  # a scope's enclosing scopes' labels and its own; (label,) for tags
+    monotonic_s: float | None = None  # the end on the timeline's clock; None in exports older than the field
+    serial: int = 0  # a cell's 1-based position among this session's measured cells
+    execution_count: int | None = None
+    source_hash: str = ""
+    variables: tuple[VariableChange, ...] = ()
+    variables_note: str = ""  # what the variable list means, or why there is none
+    warnings: tuple[CellWarning, ...] = ()
+    cuda_note: str | None = None  # why no CUDA device is reported, when none is
+    keep_peaks: bool = False
+    mode: str = "magic"  # "magic": measured on purpose (%%gpumem, gpumem.measure, a scope); "auto"
+    quiet: bool = False
+    kinds: tuple[KindChange, ...] = ()  # by kind, from the cell's holder walk; empty when none covered it all
+    kinds_since: str = ""  # what ``kinds`` compares with: "since the start of the cell", "since cell [3]"
+    notes: tuple[str, ...] = ()  # findings worth knowing that call for no action (not warnings)
+
+    @property
+    def label(self) -> str:
+        return self.first_line
+
+    @property
+    def wall_time_s(self) -> float:
+        """When it ended (a tag: when it was taken)."""
+        return self.started_wall_s + self.duration_s
 
     @property
     def depth(self) -> int:
-        return len(self.path) - 1
+        return max(len(self.path) - 1, 0)
 
     def device(self, index: int) -> DeviceChange | None:
         return next((figures for figures in self.devices if figures.device == index), None)
+
+    def largest_change_bytes(self) -> int:
+        """The biggest absolute change of any figure (CUDA allocated/reserved/peak, host RSS)."""
+        largest = 0
+        for change in self.devices:
+            largest = max(
+                largest,
+                abs(change.allocated_delta_bytes),
+                abs(change.reserved_delta_bytes),
+                change.peak_above_start_bytes,
+            )
+        return largest if self.host is None else max(largest, abs(self.host.rss_delta_bytes))
+
+
+def classify_error(error: BaseException | None) -> tuple[str, str | None]:
+    """(status, one-line description). Recognises torch's OutOfMemoryError without importing torch."""
+    if error is None:
+        return STATUS_OK, None
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    description = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    if len(description) > _ERROR_LIMIT:
+        description = description[: _ERROR_LIMIT - 1] + "…"
+    if isinstance(error, KeyboardInterrupt):
+        return STATUS_INTERRUPTED, description
+    if _is_out_of_memory(error):
+        return STATUS_OUT_OF_MEMORY, description
+    return STATUS_ERROR, description
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError):
+        return True
+    for cls in type(error).__mro__:
+        if cls.__name__ == "OutOfMemoryError" and cls.__module__.split(".")[0] == "torch":
+            return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error)[:300].lower()
 
 
 def selected(device: int, devices: tuple[int, ...] | None) -> bool:
@@ -289,10 +398,8 @@ class Span(Stretch):
         self._began_perf_s, self._began_wall_s = time.perf_counter(), time.time()
         return self
 
-    def end(
-        self, label: str, kind: str, path: tuple[str, ...], error: str | None = None
-    ) -> tuple[SpanRecord, Snapshot]:
-        """Read the end and build the record; the counter wrapper goes when nothing else is measured."""
+    def end(self) -> tuple[SpanRecord, Snapshot]:
+        """Read the end and build the segment's record; the counter wrapper goes when nothing else is measured."""
         duration_s = time.perf_counter() - self._began_perf_s
         try:
             end = self.source.snapshot()
@@ -300,11 +407,8 @@ class Span(Stretch):
             self.finished = True
         devices = self.device_changes(end, every=True)
         PEAK_RESETS.release()
-        record = SpanRecord(
-            label, kind, path, self._began_wall_s, end.wall_time_s, end.monotonic_s, duration_s,
-            devices, self.host_change(end), error,
-        )  # fmt: skip
-        return record, end
+        figures = (self._began_wall_s, duration_s, devices, self.host_change(end))
+        return SpanRecord("", *figures, kind="segment", monotonic_s=end.monotonic_s), end
 
 
 def counter_changes(snapshot: Snapshot, note: str) -> tuple[DeviceChange, ...]:
@@ -327,13 +431,12 @@ def first_tag_record(label: str, snapshot: Snapshot) -> SpanRecord:
     """The first tag has no earlier tag: its peak is the counter's own value, whatever it covers."""
     host = snapshot.host
     host_change = HostChange(host.rss_bytes, host.rss_bytes, host.peak_rss_bytes, True) if host is not None else None
-    return SpanRecord(
-        label, "tag", (label,), snapshot.wall_time_s, snapshot.wall_time_s, snapshot.monotonic_s, 0.0,
-        counter_changes(snapshot, FIRST_TAG_NOTE), host_change,
-    )  # fmt: skip
+    devices = counter_changes(snapshot, FIRST_TAG_NOTE)
+    figures = (snapshot.wall_time_s, 0.0, devices, host_change)
+    return SpanRecord(label, *figures, kind="tag", path=(label,), monotonic_s=snapshot.monotonic_s)
 
 
-def combine(earlier: SpanRecord, later: SpanRecord, label: str) -> SpanRecord:
+def combine(earlier: SpanRecord, later: SpanRecord) -> SpanRecord:
     """One record for two back-to-back spans: the start of the first, the end of the second, the higher peak.
 
     Exact only where both peaks are; a device that appeared in the second span alone keeps its figures.
@@ -366,8 +469,6 @@ def combine(earlier: SpanRecord, later: SpanRecord, label: str) -> SpanRecord:
             or (earlier.host.peak_exact and earlier.host.peak_rss_bytes >= host.peak_rss_bytes),
         )
     return later._replace(
-        label=label,
-        path=(label,),
         started_wall_s=earlier.started_wall_s,
         duration_s=earlier.duration_s + later.duration_s,
         devices=tuple(devices),
@@ -425,7 +526,7 @@ class IntervalClock:
         with self._lock:
             end = self._end_segment() or self.source.snapshot()
             if stream.started and stream.pending is not None:
-                result = stream.pending._replace(label=label, path=(label,))
+                result = stream.pending._replace(first_line=label, kind="tag", path=(label,))
             else:
                 result = first_tag_record(label, end)
             stream.started, stream.pending = True, None
@@ -440,17 +541,17 @@ class IntervalClock:
             if not any(other.started for other in self._streams):
                 segment, self._segment = self._segment, None
                 if segment is not None and not segment.finished:
-                    segment.end("", "segment", ())
+                    segment.end()
 
     def _end_segment(self) -> Snapshot | None:
         """End the open segment and hand its figures to every started stream; the end's snapshot."""
         segment, self._segment = self._segment, None
         if segment is None or segment.finished:
             return None
-        record, end = segment.end("", "segment", ())
+        record, end = segment.end()
         for other in list(self._streams):
             if other.started:
-                other.pending = record if other.pending is None else combine(other.pending, record, other.name)
+                other.pending = record if other.pending is None else combine(other.pending, record)
         return end
 
     def _begin_segment(self, start: Snapshot) -> None:

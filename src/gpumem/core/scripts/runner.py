@@ -115,7 +115,7 @@ def run_script(
     try:
         code = _run(path, argv, script, kept)
     finally:
-        record = session.point("end")
+        record = session.point("end")._replace(kind="run")
         session.close()
         monitor.stop()
         monitor.thresholds.drain()

@@ -13,7 +13,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gpumem.core.monitoring.spans import SpanRecord, Stream, clock_for
+from gpumem.core.monitoring.spans import SpanRecord, Stream, classify_error, clock_for
 from gpumem.core.readers.readings import Snapshot
 from gpumem.core.readers.sources import MemorySource
 from gpumem.core.scripts.metric_writers import MetricsWriter
@@ -73,8 +73,7 @@ class Scope:
     ) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            error = None if exc is None else f"{type(exc).__name__}: {exc}"
-            self.record = self._recorder.close_scope(self, stream, self._path, error)
+            self.record = self._recorder.close_scope(self, stream, self._path, exc)
 
 
 class ScriptRecorder:
@@ -124,12 +123,13 @@ class ScriptRecorder:
         stack.append(scope)
         return path, stream
 
-    def close_scope(self, scope: Scope, stream: Stream, path: tuple[str, ...], error: str | None) -> SpanRecord:
+    def close_scope(self, scope: Scope, stream: Stream, path: tuple[str, ...], exc: BaseException | None) -> SpanRecord:
         stack = self._stack()
         if scope in stack:
             stack.remove(scope)
+        status, error = classify_error(exc)  # as a cell's
         try:
-            record = stream.point(scope.label)._replace(kind="scope", path=path, error=error)
+            record = stream.point(scope.label)._replace(kind="scope", path=path, status=status, error=error)
         finally:
             stream.close()
         with self._lock:

@@ -5,11 +5,10 @@ The timeline is exported twice: as :meth:`Timeline.window` returns it over all t
 decimation (raw samples where they are still kept, and for older stretches each coarser bucket's
 minimum and maximum, so every peak ever sampled is there), and as its whole store, every level
 (resolution) row by row with its open bucket (:meth:`Timeline.store_state`), which loading rebuilds
-exactly. A cell is :func:`record_to_dict`'s object plus
-``quiet``; loading rebuilds the same :class:`CellRecord`, so a round trip is exact (NaN, "not
-measured", is written as null). ``python -m gpumem run --save`` writes this same format, with the
-run's own figures under ``run`` (cells: none); files it wrote in its earlier format (``"format":
-"gpumem-session"``) load too. The JSON file is written atomically; with pyarrow installed
+exactly. A cell is :func:`record_to_dict`'s object; loading rebuilds the same :class:`CellRecord`, so a
+round trip is exact (NaN, "not measured", is written as null). ``python -m gpumem run --save`` writes this
+same format, with the run's own figures under ``run`` (cells: none); files it wrote in its earlier format
+(``"format": "gpumem-session"``) load too. The JSON file is written atomically; with pyarrow installed
 (``pip install jupyter-gpumem[parquet]``) the same document can also be written as a set of Parquet
 files (:mod:`gpumem.core.sessions.parquet`), which :func:`read_session` reads back as exactly.
 """
@@ -146,11 +145,6 @@ def _number(value: float) -> float | None:
 
 
 def session_to_json(data: SessionData) -> dict[str, Any]:
-    cells = []
-    for record in data.cells:
-        cell = record_to_dict(record)
-        cell["quiet"] = record.quiet
-        cells.append(cell)
     return {
         JSON_MARKER: JSON_VERSION,
         "exported_wall_s": data.exported_wall_s,
@@ -160,7 +154,7 @@ def session_to_json(data: SessionData) -> dict[str, Any]:
             "values": {name: [_number(v) for v in values] for name, values in data.timeline.values.items()},
         },
         "marks": [[mark.time_s, mark.label] for mark in data.marks],
-        "cells": cells,
+        "cells": [record_to_dict(record) for record in data.cells],
         "reports": [report._asdict() for report in data.reports],
         "store": None if data.store is None else _store_to_json(data.store),
         "run": data.run,
@@ -456,17 +450,24 @@ def _fields(cls: Any, item: Mapping[str, Any]) -> dict[str, Any]:
     return {name: item[name] for name in cls._fields if name in item}
 
 
+# What every export of a record has had, though the record itself has a default for it (a scope's).
+_EVERY_EXPORT_HAS = ("cell", "serial", "source_hash", "status", "error", "variables_note", "cuda_note",
+                     "keep_peaks", "mode")  # fmt: skip
+
+
 def record_from_dict(item: Mapping[str, Any]) -> CellRecord:
-    """The :class:`CellRecord` that :func:`record_to_dict` (plus ``quiet``) described."""
+    """The record that :func:`record_to_dict` described (a field an older export lacks keeps its default)."""
     fields = _fields(CellRecord, item)
     if "cell" in item:  # the export names the execution count "cell", as the history table does
         fields["execution_count"] = item["cell"]
     fields["kinds"] = tuple(KindChange(**_fields(KindChange, k)) for k in item.get("kinds", ()))
-    fields["notes"] = tuple(item.get("notes", ()))
+    fields.update(notes=tuple(item.get("notes", ())), path=tuple(item.get("path", ())))
     fields["devices"] = tuple(DeviceChange(**_fields(DeviceChange, d)) for d in item["devices"])
     host = item.get("host")
     fields["host"] = None if host is None else HostChange(**_fields(HostChange, host))
     fields["variables"] = tuple(VariableChange(**_fields(VariableChange, v)) for v in item["variables"])
     fields["warnings"] = tuple(CellWarning(**_fields(CellWarning, w)) for w in item["warnings"])
-    fields.setdefault("quiet", False)  # history exports do not say
+    missing = [name for name in _EVERY_EXPORT_HAS if name not in item]  # then it is not an export of ours
+    if missing:
+        raise KeyError(", ".join(missing))
     return CellRecord(**fields)
