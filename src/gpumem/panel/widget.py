@@ -12,7 +12,7 @@ Threads, and who may touch widget state:
 * Free runs on its own short-lived worker thread (:mod:`gpumem.panel.freeing`);
 * one writer thread, shared by every open panel (:mod:`gpumem.panel.writer`), is the only one that
   sets widget traits after a panel is built. It sends nothing while no view of a panel is shown, and
-  pushes curves no faster than the rate, the scroll speed and the byte budget allow.
+  pushes curves no faster than its refresh cap, the scroll speed and the byte budget allow.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class Panel(PanelView):
 
     ``Panel()`` in a notebook cell (or ``%gpumem monitor``) shows it. Every panel reads the shared
     monitor, so several panels cost one sampler; ``close()`` releases what the panel holds. The keyword
-    arguments ``window``, ``device``, ``threshold``, ``rate_hz``, ``host``, ``full_scale`` and
+    arguments ``window``, ``device``, ``threshold``, ``refresh_hz``, ``host``, ``full_scale`` and
     ``points_per_line`` are :func:`gpumem.panel.options.make_options`' (what ``%gpumem monitor`` takes);
     ``compact`` suits a narrow sidebar; ``autostart=False`` leaves the sampler to the caller (tests sample by hand).
     """
