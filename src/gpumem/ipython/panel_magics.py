@@ -18,7 +18,7 @@ from gpumem.ipython.arguments import (
     parse_argstring,
 )
 from gpumem.panel.options import DEFAULT_REFRESH_HZ, DEFAULT_THRESHOLD, is_bare_number, make_options
-from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
+from gpumem.panel.writer import close_all, open_panels
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -142,6 +142,8 @@ def magic_sidebar(shell: Any, line: str) -> None:
     if not _has_kernel(shell):
         print(_NO_KERNEL)
         return
+    from gpumem.panel.widget import sidebar_panel
+
     panel = sidebar_panel(shell=shell, **options) if options else sidebar_panel()
     try:
         from gpumem.panel.frontend import show_sidebar
