@@ -201,7 +201,7 @@ def test_the_panels_old_keyword_still_works_with_one_warning(recwarn: pytest.War
 def test_rate_is_samples_per_second_of_the_script_runner(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpumem import cli
+    from gpumem import __main__ as cli
     from gpumem.core.scripts import runner
 
     asked: dict[str, Any] = {}
