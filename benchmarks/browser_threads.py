@@ -63,7 +63,7 @@ def driven_monitor(stop: threading.Event | None = None) -> Any:
 
 
 def _panel_stats() -> list[dict[str, Any]]:
-    from gpumem.panel.sidebar import open_panels
+    from gpumem.panel.writer import open_panels
 
     return [panel._stats._asdict() for panel in open_panels()]
 

@@ -2,7 +2,7 @@
  * The wire protocol between the gpumem kernel side and this front-end
  * extension. The kernel side is src/gpumem/panel/frontend.py (the module
  * gpumem.panel.frontend, whose docstring is the reference); the status
- * payload is built by gpumem.panel.status.status_payload. Keep them in sync.
+ * payload is built by gpumem.panel.frontend.status_payload. Keep them in sync.
  * Pure (no DOM, no JupyterLab at run time): js/test/ tests it.
  */
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpumem.core.cells.causes import standing_by_cell
+from gpumem.core.cells.conditions import standing_by_cell
 from gpumem.core.cells.record import STATUS_ERROR, STATUS_OK, CellRecord, CellWarning, HeldVariable
 from gpumem.core.readers.readings import DeviceReading
 from gpumem.testing import GIB, MIB

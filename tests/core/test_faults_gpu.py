@@ -90,7 +90,7 @@ def test_a_device_side_assert_with_the_panel_open_and_automatic_mode_on(
         _COUNT_CALLS,  # [1]
         "%load_ext gpumem\n%gpumem auto on",  # [2]
         "%gpumem monitor",  # [3]
-        "import gpumem.panel.sidebar as gw\np = gw.open_panels()[-1]\np.set_state({'_view_count': 1})",  # [4]
+        "import gpumem.panel.writer as gw\np = gw.open_panels()[-1]\np.set_state({'_view_count': 1})",  # [4]
         (
             "keep = torch.empty(256 << 20, dtype=torch.uint8, device='cuda')\nv = torch.zeros(2, device='cuda')\n"
             "time.sleep(1.5)"

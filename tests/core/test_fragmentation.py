@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from gpumem._fake_allocator import SegmentAllocator
 from gpumem.core.diagnoses.fragmentation import (
     FreeReserve,
     ReserveReader,
@@ -17,7 +16,7 @@ from gpumem.core.diagnoses.fragmentation import (
     worth_a_look,
 )
 from gpumem.core.readers.sources import AllocatorReading, SystemSource
-from gpumem.testing import GIB, MIB, FakeSource
+from gpumem.testing import GIB, MIB, FakeSource, SegmentAllocator
 
 ALLOCATED, FREE, PENDING = "active_allocated", "inactive", "active_pending_free"
 

@@ -343,7 +343,7 @@ def test_a_namespace_and_a_container_another_thread_changes_are_walked_whole() -
 
 
 def test_a_copy_that_fails_is_taken_again_then_given_up() -> None:
-    from gpumem.core.holders.stable_read import READ_ATTEMPTS, stable_list
+    from gpumem.core.holders.objects import READ_ATTEMPTS, stable_list
 
     failures = iter(range(READ_ATTEMPTS - 1))
 

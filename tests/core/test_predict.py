@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from gpumem.core.predict import predict, predict_source, search_batch  # noqa: E402
 from gpumem.core.predict.allocator import AllocatorModel, round_request, segment_bytes  # noqa: E402
-from gpumem.core.predict.api import assigns_name  # noqa: E402
+from gpumem.core.predict.dryrun import assigns_name  # noqa: E402
 from gpumem.core.units import MIB  # noqa: E402
 
 # The state of a namespace, hashed ---------------------------------------------------------------

@@ -33,7 +33,7 @@ from gpumem.core.reclaim import (  # noqa: E402
     perform,
     promise,
 )
-from gpumem.core.reclaim.allocator_units import allocator_promise, workspace_blocks  # noqa: E402
+from gpumem.core.reclaim.promises import allocator_promise, workspace_blocks  # noqa: E402
 from gpumem.core.reclaim.storages import released_storages  # noqa: E402
 from gpumem.testing import MIB, FakeSource  # noqa: E402
 

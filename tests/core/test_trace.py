@@ -15,9 +15,8 @@ import pytest
 from _harness.synthetic_trace import synthetic_snapshot
 from gpumem.core.gc_pause import collector_paused
 from gpumem.core.trace import SKIPPED_ACTIONS, CellSnapshot, TraceRecorder, build_report, save_snapshot
-from gpumem.core.trace.analysis import analyse_device, analyse_snapshot
+from gpumem.core.trace.analysis import SiteNamer, analyse_device, analyse_snapshot
 from gpumem.core.trace.site_timeline import build_timeline, render_svg
-from gpumem.core.trace.sites import SiteNamer
 
 MIB = 1 << 20
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trace_snapshot.json"

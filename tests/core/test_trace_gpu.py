@@ -221,7 +221,7 @@ def test_a_real_training_loop_is_analysed_by_arrays_exactly_as_by_the_loop(monke
     (what the site lookup by frame identity relies on)."""
     torch = pytest.importorskip("torch")
     from gpumem.core.trace import analysis
-    from gpumem.core.trace.sites import SiteNamer
+    from gpumem.core.trace.analysis import SiteNamer
 
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -11,8 +11,7 @@ import pytest
 
 from _harness.synthetic_trace import synthetic_snapshot, training_snapshot
 from gpumem.core.trace import analysis
-from gpumem.core.trace.analysis import DeviceTrace, analyse_device
-from gpumem.core.trace.sites import SiteNamer
+from gpumem.core.trace.analysis import DeviceTrace, SiteNamer, analyse_device
 
 _FILES = ["/usr/lib/python3/dist-packages/torch/nn/functional.py", "/home/me/train.py", "<ipython-input-4-ab>",
           "/usr/lib/python3/dist-packages/torch/optim/adamw.py", "<frozen runpy>"]  # fmt: skip

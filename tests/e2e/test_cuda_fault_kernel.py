@@ -38,7 +38,7 @@ def test_a_device_side_assert_in_a_kernel_with_the_panel_and_automatic_mode(
         _SETUP,  # [1]
         "%load_ext gpumem\n%gpumem auto on",  # [2]
         "%gpumem monitor",  # [3]
-        "import gpumem.panel.sidebar as gw\np = gw.open_panels()[-1]\np.set_state({'_view_count': 1})",  # [4]
+        "import gpumem.panel.writer as gw\np = gw.open_panels()[-1]\np.set_state({'_view_count': 1})",  # [4]
         "h = src.allocate(256 * MIB)\nsrc.transient(512 * MIB)",  # [5]
         "raise boom",  # [6]
         "n0 = Counting.calls\nh2 = src.allocate(64 * MIB)\ntime.sleep(2.5)",  # [7]

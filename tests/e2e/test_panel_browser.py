@@ -137,7 +137,7 @@ def test_panel_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page) 
     assert "process RSS" in header.inner_text()
 
     # The kernel knows a view is shown (the front end reports it); the panel sends only then.
-    views = run_cell(page, "import gpumem.panel.sidebar as gw\nprint('views', gw.open_panels()[0]._view_count)")
+    views = run_cell(page, "import gpumem.panel.writer as gw\nprint('views', gw.open_panels()[0]._view_count)")
     wait_for_output(views, re.compile(r"views [1-9]"))
     time.sleep(2.0)  # let a few pushes happen before measuring the resting curve
     before = _host_line(page)
@@ -323,7 +323,7 @@ def test_first_free_click_after_a_page_reload(jupyter_server: JupyterServer, bro
     run_cell(page, "%load_ext gpumem")
     panel_cell = run_cell(page, "%gpumem monitor --window 1min")
     page.locator(PANEL).first.wait_for(state="visible")
-    views = run_cell(page, "import gpumem.panel.sidebar as gw\nprint('views', gw.open_panels()[0]._views.shown())")
+    views = run_cell(page, "import gpumem.panel.writer as gw\nprint('views', gw.open_panels()[0]._views.shown())")
     wait_for_output(views, "views 1")
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.locator(".lm-TabBar-tab.jp-mod-dirty", has_text="reload_click.ipynb").wait_for(state="detached")

@@ -548,7 +548,7 @@ def test_default_payload_never_touches_cuda_before_the_user(monkeypatch: pytest.
 
 def test_status_payload_is_the_samplers_snapshot_when_it_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpumem.core.monitoring.monitor import Monitor
-    from gpumem.panel.status import StatusReader
+    from gpumem.panel.frontend import StatusReader
     from gpumem.testing import GIB, FakeSource
 
     source = FakeSource(devices=2, total_bytes=40 * GIB)

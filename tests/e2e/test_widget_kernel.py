@@ -22,12 +22,12 @@ def test_monitor_and_sidebar_magics_in_a_kernel(tmp_path: Path, jupyter_env: Jup
     cells = [
         "%load_ext gpumem",
         "%gpumem",
-        "%gpumem monitor --window 1min --threshold 80% --host --rate 4",
+        "%gpumem monitor --window 1min --threshold 80% --host --refresh 4",
         (
-            "import threading, gpumem.panel.sidebar as gw\n"
+            "import threading, gpumem.panel.writer as gw\n"
             "p = gw.open_panels()[-1]\n"
             "print('options', p.options.window_s, round(p.options.threshold.fraction, 2), p.options.show_host,"
-            " p.options.rate_hz)\n"
+            " p.options.refresh_hz)\n"
             "print('panels', len(gw.open_panels()))"
         ),
         "%gpumem monitor --window soon",

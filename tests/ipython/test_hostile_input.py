@@ -110,6 +110,7 @@ _PANEL = {
     "-t": quoted_values,
     "--threshold": sizes,
     "-r": numbers,
+    "--refresh": quoted_values,
     "--rate": quoted_values,
     "--host": None,
     "--full-scale": None,

@@ -168,6 +168,51 @@ def test_the_panels_bare_number_threshold_keeps_its_meaning_with_a_note(
     )
 
 
+@pytest.mark.parametrize("magic", [panel_magics.magic_monitor, panel_magics.magic_sidebar])
+def test_the_panels_rate_is_now_refresh_and_still_works_with_one_note(
+    shell: Any, magic: Callable[..., None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rate`` means samples per second (``python -m gpumem run``); the panel's most updates a second sent to
+    the browser is ``--refresh`` (``-r``), and the panel's old ``--rate`` still sets it, noted once per kernel."""
+    assert _panel(magic, "--refresh 4").refresh_hz == _panel(magic, "-r 4").refresh_hz == 4.0
+    assert capsys.readouterr().err == ""
+    notes = []
+    for value in ("4", "0.5"):
+        assert _panel(magic, f"--rate {value}").refresh_hz == float(value)
+        notes.append(capsys.readouterr().err)
+    assert notes == ["gpumem: --rate still works but is an old spelling; write --refresh (said once)\n", ""]
+    with pytest.raises(UsageError, match="--rate is the old spelling of --refresh: give one of them"):
+        _panel(magic, "--rate 4 --refresh 2")
+    with pytest.raises(UsageError, match=r"refresh must be between 0\.2 and 10 updates per second"):
+        _panel(magic, "--rate 100")
+    assert "--refresh HZ" in magic.__doc__ and "old spelling of --refresh" in magic.__doc__  # %gpumem? says both
+
+
+def test_the_panels_old_keyword_still_works_with_one_warning(recwarn: pytest.WarningsRecorder) -> None:
+    assert make_options(rate_hz=4).refresh_hz == make_options(refresh_hz="4").refresh_hz == 4.0
+    assert [str(w.message) for w in recwarn] == [
+        "gpumem: Panel(rate_hz=...) still works but is an old spelling; write Panel(refresh_hz=...)"
+    ]
+    assert recwarn[0].category is FutureWarning
+    with pytest.raises(TypeError, match="rate_hz is the old name of refresh_hz"):
+        make_options(rate_hz=4, refresh_hz=2)
+
+
+def test_rate_is_samples_per_second_of_the_script_runner(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpumem import __main__ as cli
+    from gpumem.core.scripts import runner
+
+    asked: dict[str, Any] = {}
+    monkeypatch.setattr(runner, "run_script", lambda script, _argv, **kwargs: asked.update(kwargs, script=script) or 0)
+    assert cli.main(["run", "--rate", "50", "train.py"]) == 0
+    assert asked == {"script": "train.py", "save": None, "rate_hz": 50.0}
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "--rate HZ samples per second" in " ".join(capsys.readouterr().out.split())
+
+
 def test_old_setting_names_still_work_and_are_noted_once(shell: Any, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     config = state().config

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpumem.core.units import GIB, MIB
 from gpumem.panel import frontend
-from gpumem.panel.status import status_payload
+from gpumem.panel.frontend import status_payload
 from gpumem.testing import FakeSource
 
 REPO = Path(__file__).resolve().parents[2]

@@ -33,7 +33,7 @@ from gpumem.panel.curves import (
     read_resolution_s,
     sample_rate_hz,
 )
-from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_rate, parse_threshold, parse_window
+from gpumem.panel.options import DEFAULT_POINTS_PER_LINE, PanelOptions, parse_refresh, parse_threshold, parse_window
 from gpumem.panel.widget import Panel, close_all
 from gpumem.panel.writer import shared_writer
 from gpumem.testing import GIB, MIB, FakeSource
@@ -110,7 +110,7 @@ def test_option_parsing_accepts_the_documented_forms() -> None:
     assert parse_threshold(0.75).fraction == pytest.approx(0.75)
     assert parse_threshold("80").fraction == pytest.approx(0.8)  # the old spelling, read as it was
     assert parse_threshold("70GiB").nbytes == 70 * GIB
-    assert parse_rate("4") == 4.0
+    assert parse_refresh("4") == 4.0
     assert parse_device("cuda:1") == 1
     assert parse_device("2") == 2
     assert parse_device("all") is None
@@ -128,8 +128,8 @@ def parse_device(value: object) -> int | None:
         (parse_window, "1s", "at least 5 seconds"),
         (parse_threshold, "150%", "between 0 and 100%"),
         (parse_threshold, "high", "a size such as 512MiB or a share of the device's capacity such as 80%"),
-        (parse_rate, "100", "between 0.2 and 10"),
-        (parse_rate, "fast", "number of updates per second"),
+        (parse_refresh, "100", "between 0.2 and 10"),
+        (parse_refresh, "fast", "number of updates per second"),
         (parse_device, "gpu", "use cuda, cuda:N or N, a list such as 0,1, cpu or all"),
         (parse_device, -1, "0 or more"),
     ],
@@ -145,7 +145,7 @@ def test_bad_options_get_one_clear_line(func: Any, value: Any, words: str) -> No
     [
         ("--window soon", "window must be a duration"),
         ("--threshold 150%", "between 0 and 100%"),
-        ("--rate 100", "rate must be between"),
+        ("--refresh 100", "refresh must be between"),
         ("--device gpu", "unknown device 'gpu'"),
         ("--bogus", "unrecognized arguments"),
     ],
@@ -667,7 +667,7 @@ def test_traffic_stays_within_budget_by_construction(
         assert sent / stats.last_interval_s <= BROWSER_BUDGET_BYTES_PER_S, (sent, stats)
         assert stats.last_payload_bytes >= 0.6 * sent  # the panel's own estimate is close to the wire size
     options = PanelOptions()
-    assert curve_interval_s(options, 0) >= 1 / options.rate_hz
+    assert curve_interval_s(options, 0) >= 1 / options.refresh_hz
     assert math.isclose(curve_interval_s(options, 72_000), 2.0)
 
 
@@ -724,9 +724,9 @@ def test_pushes_come_no_faster_than_the_panels_samples() -> None:
     assert curve_interval_s(hour, 0) == pytest.approx(3.6)
     everything = PanelOptions(window_s=None)
     assert sample_rate_hz(everything) == 1.0 and curve_interval_s(everything, 0) == 5.0
-    fast = PanelOptions(window_s=60.0, rate_hz=10.0)  # --rate 10: as fast as the 1-minute window's samples
+    fast = PanelOptions(window_s=60.0, refresh_hz=10.0)  # --refresh 10: as fast as the 1-minute window's samples
     assert header_interval_s(fast) == pytest.approx(0.1)
-    assert header_interval_s(PanelOptions(rate_hz=10.0)) == 1.0  # 10 minutes: no faster than its samples
+    assert header_interval_s(PanelOptions(refresh_hz=10.0)) == 1.0  # 10 minutes: no faster than its samples
 
 
 def test_the_readers_status_is_asked_again_only_when_cuda_comes_into_use_or_it_grew_old(

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from gpumem.core.holders import find_holders, hidden_references
-from gpumem.core.holders.stable_read import stable_list
+from gpumem.core.holders.objects import stable_list
 from gpumem.core.readers.cuda_fault import cuda_faults, record_fault, status_text
 from gpumem.core.readers.workspaces import CLEAR_CALL, clear_cublas_workspaces
 from gpumem.core.runtime import ipython_shell

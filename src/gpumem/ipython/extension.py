@@ -102,7 +102,7 @@ def unload(shell: Any) -> None:
     for step in reversed(loaded.undo):
         _attempt(step)
     if "gpumem.panel.widget" in sys.modules:  # else no panel was ever made (%gpumem monitor, gpumem.Panel())
-        from gpumem.panel.sidebar import close_all
+        from gpumem.panel.writer import close_all
 
         _attempt(_Step(_PANEL_FEATURE, close_all))
         from gpumem.ipython.panel_magics import forget_shown
@@ -164,7 +164,7 @@ def _connect_frontend(shell: Any) -> list[_Step]:
 
 def _sidebar_panel() -> Any:
     """The front end asked for a docked panel: import the widget code only now (it needs numpy, bqplot)."""
-    from gpumem.panel.sidebar import sidebar_panel
+    from gpumem.panel.widget import sidebar_panel
 
     return sidebar_panel()
 

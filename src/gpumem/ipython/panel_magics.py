@@ -17,8 +17,8 @@ from gpumem.ipython.arguments import (
     magic_arguments,
     parse_argstring,
 )
-from gpumem.panel.options import DEFAULT_RATE_HZ, DEFAULT_THRESHOLD, is_bare_number, make_options
-from gpumem.panel.sidebar import close_all, open_panels, sidebar_panel
+from gpumem.panel.options import DEFAULT_REFRESH_HZ, DEFAULT_THRESHOLD, is_bare_number, make_options
+from gpumem.panel.writer import close_all, open_panels
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -52,13 +52,14 @@ def _panel_arguments(func: _F) -> _F:
             ),
             argument(
                 "-r",
-                "--rate",
+                "--refresh",
                 metavar="HZ",
                 help=(
-                    f"most updates per second sent to the browser, 0.2 to 10 (default {DEFAULT_RATE_HZ:g}); "
+                    f"most updates per second sent to the browser, 0.2 to 10 (default {DEFAULT_REFRESH_HZ:g}); "
                     "never more than the window's samples: 1 a second for 10 min, 10 for 1 min"
                 ),
             ),
+            argument("--rate", metavar="HZ", help="the old spelling of --refresh"),
             argument("--host", action="store_true", help="also plot this process's host RSS"),
             argument("--full-scale", action="store_true", help="y axis up to the device capacity"),
         )
@@ -69,11 +70,13 @@ def _panel_arguments(func: _F) -> _F:
 
 def _panel_options(args: Namespace) -> dict[str, Any]:
     """The options given (checked; the others keep their defaults); a bad value is a one-line UsageError."""
+    if args.rate is not None and args.refresh is not None:
+        raise UsageError("--rate is the old spelling of --refresh: give one of them")
     given = {
         "window": args.window,
         "device": args.device,
         "threshold": args.threshold,
-        "rate_hz": args.rate,
+        "refresh_hz": args.refresh if args.rate is None else args.rate,
         "host": args.host or None,
         "full_scale": args.full_scale or None,
     }
@@ -86,6 +89,8 @@ def _panel_options(args: Namespace) -> dict[str, Any]:
         check_devices_exist((options.device,), default_monitor().source)  # the source the panel reads
     if "threshold" in given and is_bare_number(given["threshold"]):  # said once the line is accepted
         deprecated(f"--threshold {given['threshold']}", f"--threshold {options.threshold}")
+    if args.rate is not None:
+        deprecated("--rate", "--refresh")
     return given
 
 
@@ -137,6 +142,8 @@ def magic_sidebar(shell: Any, line: str) -> None:
     if not _has_kernel(shell):
         print(_NO_KERNEL)
         return
+    from gpumem.panel.widget import sidebar_panel
+
     panel = sidebar_panel(shell=shell, **options) if options else sidebar_panel()
     try:
         from gpumem.panel.frontend import show_sidebar

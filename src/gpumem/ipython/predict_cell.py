@@ -70,7 +70,7 @@ def _magic_line(body: str, source: str) -> int | None:
 
 
 def _run(shell: Any, request: PredictRequest, body: str) -> Any:
-    from gpumem.core.predict import api, batch
+    from gpumem.core.predict import batch, dryrun
 
     source = shell.transform_cell(body)
     magic = _magic_line(body, source)
@@ -83,13 +83,15 @@ def _run(shell: Any, request: PredictRequest, body: str) -> Any:
     skip.update(name for name in shell.user_ns if _OUTPUT_NAME.match(name))
     namespace = shell.user_ns
     if request.batch is None:
-        return api.predict_source(source, namespace, first_line=_FIRST_BODY_LINE, skip=skip, capacity=request.capacity)
+        return dryrun.predict_source(
+            source, namespace, first_line=_FIRST_BODY_LINE, skip=skip, capacity=request.capacity
+        )
     name, low, high = request.batch
-    if api.assigns_name(source, name):
+    if dryrun.assigns_name(source, name):
         raise UsageError(f"--batch {name}: the cell sets {name} itself; set it in a cell before and use it here")
 
     def dry(value: int) -> Any:
-        return api.predict_source(
+        return dryrun.predict_source(
             source, namespace, first_line=_FIRST_BODY_LINE, skip=skip, capacity=request.capacity, values={name: value}
         )
 

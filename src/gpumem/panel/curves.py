@@ -374,8 +374,8 @@ def sample_rate_hz(options: PanelOptions) -> float:
 
 
 def header_interval_s(options: PanelOptions) -> float:
-    """Seconds between header pushes: the rate cap, and never faster than the panel's samples come."""
-    return max(1.0 / options.rate_hz, 1.0 / sample_rate_hz(options))
+    """Seconds between header pushes: the refresh cap (``--refresh``), never faster than the panel's samples come."""
+    return max(1.0 / options.refresh_hz, 1.0 / sample_rate_hz(options))
 
 
 def curve_interval_s(options: PanelOptions, payload_bytes: int) -> float:

@@ -3,28 +3,44 @@
 The model (:class:`HoldersModel`) is computed without widgets, on a worker thread, from the holder walk
 (:func:`gpumem.core.holders.find_holders`) and each applicable action's promise
 (:mod:`gpumem.core.reclaim`); :func:`render_holders` turns it into HTML; :class:`HoldersPane` holds the
-widgets, whose traits only the panel's writer thread sets. The walk runs on demand (the Refresh button)
-and after a cell ends while the panel is shown: never on the sampler's thread.
+widgets, whose traits only the panel's writer thread sets; :class:`HoldersControl` runs the walk and the
+actions on worker threads, handles the pane's buttons and applies their results through the panel's commands.
+The walk runs on demand (the Refresh button) and after a cell ends while the panel is shown: never on the
+sampler's thread.
 """
 
 from __future__ import annotations
 
 import html
 import sys
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import ipywidgets as widgets
 
 from gpumem.core.cells.attribution import held_variables
-from gpumem.core.cells.causes import StandingCondition, standing_by_cell
+from gpumem.core.cells.conditions import StandingCondition, standing_by_cell
 from gpumem.core.holders import find_holders
-from gpumem.core.reclaim import EXCEPTION, OUTPUTS, UNBIND, HeldReferences, Outcome, available_actions, promise
+from gpumem.core.reclaim import (
+    EXCEPTION,
+    OUTPUTS,
+    UNBIND,
+    HeldReferences,
+    Outcome,
+    ShellReferences,
+    available_actions,
+    perform,
+    promise,
+)
 from gpumem.core.units import format_bytes
 from gpumem.panel.cell_source import cell_records
+from gpumem.panel.commands import AskConfirm, Command, HoldersDone, Notify, ReclaimDone, ReclaimStarted
+from gpumem.panel.freeing import FreeWorker
 
 __all__ = [
     "ACTION_SLOTS",
     "ConditionLine",
+    "HoldersControl",
     "HoldersModel",
     "HoldersPane",
     "build_holders",
@@ -33,6 +49,7 @@ __all__ = [
     "render_holders",
     "unbind_question",
 ]
+
 
 ACTION_SLOTS = 6  # buttons made up front (every widget is routed to gpumem's subshell when the panel is built)
 TOP_ROWS = 4  # holders shown before "more"
@@ -266,3 +283,96 @@ class HoldersPane(widgets.VBox):  # type: ignore[misc]
             "" if text is None else f'<div class="gm-result" role="alert">{html.escape(text)}</div>'
         )
         self.confirm_row.layout.display = "none" if text is None else "flex"
+
+
+# The panel's side of the holders view: its worker threads, its buttons' handlers, its writer-thread updates.
+#
+# Clicks arrive on gpumem's subshell (also while a cell runs) and only start a worker or queue a command;
+# the walk and the actions run on short-lived worker threads (one walk and one action at a time); the
+# widgets are set on the panel's writer thread through the commands' handlers below.
+class HoldersControl:
+    """The holders pane of one panel and the threads that feed it."""
+
+    def __init__(self, shell: Any, source: Callable[[], Any], post: Callable[[Command], None]) -> None:
+        self.pane = HoldersPane()
+        self.shell = shell
+        self.held = ShellReferences(shell) if shell is not None else None
+        self._source = source  # the monitor's source, read when used
+        self._post = post
+        self._walker = FreeWorker()
+        self._actions = FreeWorker()
+        self._cells_seen: object = None  # the execution count last walked after (None: walk once the cell ends)
+        pane = self.pane
+        pane.refresh_button.on_click(lambda _b: self.refresh())
+        pane.more.observe(lambda _change: self._post(HoldersDone(pane.model)), names="value")
+        for index, button in enumerate(pane.buttons):
+            button.on_click(lambda _b, i=index: self.reclaim(pane.actions_for[i], wait=False))
+        pane.unbind.on_click(lambda _b: self.ask_unbind(pane.names.value))
+        pane.confirm.on_click(lambda _b: self.reclaim(f"{UNBIND}:{pane.names.value}", wait=False))
+        pane.cancel.on_click(lambda _b: self._post(AskConfirm("")))
+
+    def refresh(self, *, wait: bool = False, timeout_s: float = 60.0) -> None:
+        """Walk the session again (holders, and what each action would return) on a worker thread."""
+        thread, _ = self._walker.start(lambda _: self._walk(), False, announce=lambda: None)
+        if wait:
+            thread.join(timeout_s)
+
+    def reclaim(self, action: str, *, wait: bool = True, timeout_s: float = 120.0) -> Outcome | None:
+        """Run one reclaim action on a worker thread (as its button does); with ``wait``, its outcome."""
+        if not action or self.held is None:
+            return None
+        thread, started = self._actions.start(
+            lambda _: self._act(action), False, announce=lambda: self._post(ReclaimStarted(action))
+        )
+        if not started:
+            self._post(Notify("An action is already running.", None))
+        if not wait:
+            return None
+        thread.join(timeout_s)
+        return self._actions.last  # type: ignore[return-value]
+
+    def ask_unbind(self, name: Any) -> None:
+        """Price unbinding ``name`` on a worker thread, then ask: the confirmation says what else holds it."""
+        held = self.held
+        if isinstance(name, str) and held is not None:
+            self._walker.start(
+                lambda _: self._post(AskConfirm(unbind_question(name, held, self._source()))), False, lambda: None
+            )
+
+    def after_cells(self, visible: bool) -> bool:
+        """After a cell ended (the execution count moved, none runs), walk again if the panel is shown;
+        True when it did."""
+        count = getattr(self.shell, "execution_count", None)
+        if count == self._cells_seen or self.held is None or self.held.cell_running() or not visible:
+            return False
+        self._cells_seen = count
+        self.refresh()
+        return True
+
+    def join(self, timeout_s: float) -> None:
+        self._actions.join(timeout_s)
+        self._walker.join(timeout_s)
+
+    # Worker threads ---------------------------------------------------------------------------------
+    def _walk(self) -> None:
+        self._post(HoldersDone(compute_holders(self.held, self.shell, self._source())))
+
+    def _act(self, action: str) -> None:
+        assert self.held is not None
+        outcome = perform(action, self.held, self._source())
+        self._actions.last = outcome  # type: ignore[assignment]
+        self._post(ReclaimDone(outcome))
+        self._walk()  # what holds memory now, and the actions' new figures
+
+    # The writer thread (the panel's command handlers) ------------------------------------------------
+    def on_command(self, command: Command) -> None:
+        pane = self.pane
+        if isinstance(command, HoldersDone):
+            pane.show_model(command.model)
+        elif isinstance(command, AskConfirm):
+            pane.show_confirmation(command.text or None)
+        elif isinstance(command, ReclaimStarted):
+            pane.show_confirmation(None)
+            pane.show_running(command.label)
+        elif isinstance(command, ReclaimDone):
+            pane.show_outcome(command.outcome)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import NamedTuple
 
 from gpumem.core.readers.devices import parse_devices
@@ -22,7 +23,7 @@ __all__ = [
     "COMPACT_PLOT_WIDTH_PX",
     "DEFAULT_BUDGET_BYTES_PER_S",
     "DEFAULT_POINTS_PER_LINE",
-    "DEFAULT_RATE_HZ",
+    "DEFAULT_REFRESH_HZ",
     "DEFAULT_THRESHOLD",
     "DEFAULT_WINDOW_S",
     "INLINE_FIGURE_HEIGHT_PX",
@@ -30,9 +31,9 @@ __all__ = [
     "INLINE_PLOT_HEIGHT_PX",
     "INLINE_PLOT_WIDTH_PX",
     "MAX_POINTS_PER_LINE",
-    "MAX_RATE_HZ",
+    "MAX_REFRESH_HZ",
     "MIN_POINTS_PER_LINE",
-    "MIN_RATE_HZ",
+    "MIN_REFRESH_HZ",
     "PLOT_MARGIN_BOTTOM_PX",
     "PLOT_MARGIN_LEFT_PX",
     "PLOT_MARGIN_RIGHT_PX",
@@ -41,7 +42,7 @@ __all__ = [
     "PanelOptions",
     "is_bare_number",
     "make_options",
-    "parse_rate",
+    "parse_refresh",
     "parse_threshold",
     "parse_window",
     "window_label",
@@ -59,9 +60,10 @@ MIN_WINDOW_S = 5.0
 DEFAULT_THRESHOLD = Amount(fraction=0.9)
 # Curves and header are pushed at most this often, and never faster than the panel's samples come (once a
 # second for the default 10 minutes, twice for 1 minute); bqplot re-sends and redraws whole lines each time.
-DEFAULT_RATE_HZ = 2.0
-MIN_RATE_HZ = 0.2
-MAX_RATE_HZ = 10.0
+DEFAULT_REFRESH_HZ = 2.0
+MIN_REFRESH_HZ = 0.2
+MAX_REFRESH_HZ = 10.0
+OLD_REFRESH_NAME = "gpumem: Panel(rate_hz=...) still works but is an old spelling; write Panel(refresh_hz=...)"
 # A line is drawn across ~1000 px: min/max pairs at one per pixel keep every peak visible. The default
 # 10-minute window is at most 1202 points, sent as read with no decimation to do: 601 samples at 1 Hz, 1201
 # at 2 Hz, or, sampled faster, 601 one-second buckets of two points each (the first straddles the window's start).
@@ -95,7 +97,7 @@ class PanelOptions(NamedTuple):
     window_s: float | None = DEFAULT_WINDOW_S  # None: all history the timeline holds
     device: int | None = None  # None: every device
     threshold: Amount = DEFAULT_THRESHOLD  # the use (a size, or a share of capacity) at which the header turns red
-    rate_hz: float = DEFAULT_RATE_HZ
+    refresh_hz: float = DEFAULT_REFRESH_HZ  # the most updates a second sent to the browser
     show_host: bool = False
     full_scale: bool = False  # y axis up to the device capacity (the host's RAM when only the host is plotted)
     points_per_line: int = DEFAULT_POINTS_PER_LINE
@@ -109,21 +111,28 @@ def make_options(
     window: str | float | None = DEFAULT_WINDOW_S,
     device: str | int | None = None,
     threshold: str | float | Amount = DEFAULT_THRESHOLD,
-    rate_hz: str | float = DEFAULT_RATE_HZ,
+    refresh_hz: str | float | None = None,
     host: bool = False,
     full_scale: bool = False,
     points_per_line: int = DEFAULT_POINTS_PER_LINE,
+    rate_hz: str | float | None = None,
 ) -> PanelOptions:
     """``Panel(...)``'s keyword arguments, checked and parsed: ``window`` (``'10min'``, seconds, ``'all'``),
     ``device`` (``'cuda:1'``, ``1``, ``'all'``), ``threshold`` (``'80%'``, ``'70GiB'``, or a fraction such as 0.8),
-    ``rate_hz`` (updates per second), ``host`` (also plot host RSS), ``full_scale`` (y axis up to the capacity)."""
+    ``refresh_hz`` (the most updates a second sent to the browser, default 2), ``host`` (also plot host RSS),
+    ``full_scale`` (y axis up to the capacity). ``rate_hz`` is ``refresh_hz``'s old name (a rate is the sampler's)."""
     if isinstance(points_per_line, bool) or not isinstance(points_per_line, int):
         raise TypeError(f"points_per_line must be a whole number between 4 and 2000, not {points_per_line!r}")
+    if rate_hz is not None:
+        if refresh_hz is not None:
+            raise TypeError("rate_hz is the old name of refresh_hz: give one of them")
+        warnings.warn(OLD_REFRESH_NAME, FutureWarning, stacklevel=3)  # Panel(...)'s caller
+        refresh_hz = rate_hz
     options = PanelOptions(
         window_s=parse_window(window),
         device=parse_devices(device, default="all").one_cuda(),
         threshold=parse_threshold(threshold),
-        rate_hz=parse_rate(rate_hz),
+        refresh_hz=DEFAULT_REFRESH_HZ if refresh_hz is None else parse_refresh(refresh_hz),
         show_host=bool(host),
         full_scale=bool(full_scale),
         points_per_line=points_per_line,
@@ -202,12 +211,14 @@ def is_bare_number(text: str) -> bool:
     return _BARE_NUMBER.fullmatch(text) is not None
 
 
-def parse_rate(value: str | float) -> float:
-    """Updates per second, between 0.2 and 10."""
+def parse_refresh(value: str | float) -> float:
+    """The most updates a second sent to the browser, between 0.2 and 10."""
     try:
-        rate = float(value)
+        refresh = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"rate must be a number of updates per second, not {value!r}") from None
-    if not (math.isfinite(rate) and MIN_RATE_HZ <= rate <= MAX_RATE_HZ):
-        raise ValueError(f"rate must be between {MIN_RATE_HZ:g} and {MAX_RATE_HZ:g} updates per second, not {value!r}")
-    return rate
+        raise ValueError(f"refresh must be a number of updates per second, not {value!r}") from None
+    if not (math.isfinite(refresh) and MIN_REFRESH_HZ <= refresh <= MAX_REFRESH_HZ):
+        raise ValueError(
+            f"refresh must be between {MIN_REFRESH_HZ:g} and {MAX_REFRESH_HZ:g} updates per second, not {value!r}"
+        )
+    return refresh

@@ -11,8 +11,9 @@ Threads, and who may touch widget state:
   writer;
 * Free runs on its own short-lived worker thread (:mod:`gpumem.panel.freeing`);
 * one writer thread, shared by every open panel (:mod:`gpumem.panel.writer`), is the only one that
-  sets widget traits after a panel is built. It sends nothing while no view of a panel is shown, and
-  pushes curves no faster than the rate, the scroll speed and the byte budget allow.
+  sets widget traits after a panel is built. It sends nothing while no view of a panel is shown (views
+  are counted per page, :class:`ViewCount`: a page that went away stops counting), and pushes curves
+  no faster than its refresh cap, the scroll speed and the byte budget allow.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, cast
@@ -54,22 +56,89 @@ from gpumem.panel.curves import (
     with_span_mark,
 )
 from gpumem.panel.freeing import FreeOutcome, FreeWorker, free_message, run_free
+from gpumem.panel.frontend import pages_gone
 from gpumem.panel.header import build_header, render_header
+from gpumem.panel.holders_view import HoldersControl
 from gpumem.panel.monitor_feed import PeaksSinceOpen, Readings, SampleBeat, SamplerClaim, device_indices
-from gpumem.panel.options import (
-    COMPACT_PLOT_HEIGHT_PX,
-    COMPACT_PLOT_WIDTH_PX,
-    PanelOptions,
-    make_options,
-)
-from gpumem.panel.reclaiming import HoldersControl
+from gpumem.panel.options import COMPACT_PLOT_HEIGHT_PX, COMPACT_PLOT_WIDTH_PX, PanelOptions, make_options
 from gpumem.panel.routing import route_widget_tree
 from gpumem.panel.view import PanelView
-from gpumem.panel.view_count import ViewCount, sending_page
 from gpumem.panel.writer import IDLE_WAIT_S, PushSchedule, close_all, register, shared_writer, unregister
 from gpumem.panel.writer import open_panels as _open_panels
 
-__all__ = ["Panel", "PanelStats", "close_all", "open_panels"]
+__all__ = [
+    "UNREPORTED_VIEW_GRACE_S",
+    "Panel",
+    "PanelStats",
+    "ViewCount",
+    "close_all",
+    "open_panels",
+    "sending_page",
+    "sidebar_panel",
+]
+
+
+# A view that was just displayed but has not reported itself yet (older front ends report only
+# once the running cell ends) is treated as shown for this long.
+UNREPORTED_VIEW_GRACE_S = 15.0
+
+
+class ViewCount:
+    """Whether a view of a panel is shown, counted per page so that a page that went away stops counting;
+    changed on the thread that handles the front end's messages, read on the writer thread.
+
+    ipywidgets' ``_view_count`` is one number that every page moves by one (a view shown: +1, removed:
+    -1; the kernel echoes each change to the other pages). A page that goes away (reloaded, tab closed,
+    browser gone) never takes its views back, and a reloaded page starts from the stale total: after one
+    reload of a page that showed the panel once the kernel read 2 with one view shown (JupyterLab 4.6),
+    and clearing that view left 1, so the panel kept sending with no view anywhere.
+
+    So each change is put down to the page that sent it (the session id of the kernel connection, in the
+    message header), and the pages the gpumem front-end extension no longer hears from (their status comm
+    closed or fell silent, :func:`gpumem.panel.frontend.pages_gone`) are not counted. Without the
+    extension no page is ever known gone and the count is ipywidgets' own.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_page: dict[str, int] = {}
+        self.displayed_at: float | None = None
+        self.reported = False
+
+    def changed(self, page: str, old: int, new: int) -> None:
+        """``page`` moved ``_view_count`` from ``old`` to ``new`` (``page`` "" when not known)."""
+        with self._lock:
+            self.reported = True
+            self._by_page[page] = self._by_page.get(page, 0) + new - old
+
+    def shown(self) -> int:
+        """Views shown by the pages still there."""
+        with self._lock:
+            counts = list(self._by_page.items())
+        gone = pages_gone(page for page, _ in counts)
+        return sum(max(0, count) for page, count in counts if page not in gone)
+
+    def visible(self, now: float, shown: int | None = None) -> bool:
+        """Whether a view is shown; ``shown`` is :meth:`shown` when the caller has just asked it."""
+        if (self.shown() if shown is None else shown) > 0:
+            return True
+        shown_at = self.displayed_at
+        return not self.reported and shown_at is not None and now - shown_at < UNREPORTED_VIEW_GRACE_S
+
+
+def sending_page(comm: Any) -> str:
+    """The session id of the front-end connection whose message is being handled, "" when unknown.
+
+    Called from a comm message handler: ipykernel has set that message as the current parent."""
+    kernel = getattr(comm, "kernel", None)
+    if kernel is None:
+        return ""
+    try:
+        header = kernel.get_parent().get("header") or {}
+    except Exception:
+        return ""
+    session = header.get("session")
+    return session if isinstance(session, str) else ""
 
 
 class PanelStats(NamedTuple):
@@ -94,12 +163,30 @@ def open_panels() -> list[Panel]:
     return cast("list[Panel]", _open_panels())
 
 
+_sidebar_lock = threading.Lock()
+_sidebar: weakref.ref[Panel] | None = None  # weakly: an open panel is held by the list of open panels
+
+
+def sidebar_panel(**options: Any) -> Panel:
+    """The panel docked in the sidebar: the open one, or a new one with ``options``."""
+    global _sidebar
+    with _sidebar_lock:
+        docked = _sidebar() if _sidebar is not None else None
+        if docked is not None and not docked.closed and not options:
+            return docked
+        panel = Panel(compact=True, **options)
+        _sidebar = weakref.ref(panel)
+    if docked is not None and not docked.closed:
+        docked.close()
+    return panel
+
+
 class Panel(PanelView):
     """Live GPU memory: curves per device, a header of current figures, and a Free button.
 
     ``Panel()`` in a notebook cell (or ``%gpumem monitor``) shows it. Every panel reads the shared
     monitor, so several panels cost one sampler; ``close()`` releases what the panel holds. The keyword
-    arguments ``window``, ``device``, ``threshold``, ``rate_hz``, ``host``, ``full_scale`` and
+    arguments ``window``, ``device``, ``threshold``, ``refresh_hz``, ``host``, ``full_scale`` and
     ``points_per_line`` are :func:`gpumem.panel.options.make_options`' (what ``%gpumem monitor`` takes);
     ``compact`` suits a narrow sidebar; ``autostart=False`` leaves the sampler to the caller (tests sample by hand).
     """

@@ -1,9 +1,10 @@
-"""The one writer thread every open panel shares, the list of open panels (and the one last docked), and when
-a panel pushes next.
+"""The one writer thread every open panel shares, the list of open panels (closing them all, the widget last
+docked), and when a panel pushes next.
 
 ``hold_sync`` and trait changes are not thread-safe, so after a panel is built only this thread sets
 its widget traits. It runs each panel's service function, sleeps until the earliest time one of them
-asked to come back (or until woken), and stops when the last panel leaves.
+asked to come back (or until woken), and stops when the last panel leaves. Importing this module is cheap
+(no widgets): the IPython layer lists and closes the panels through it without loading ipywidgets or bqplot.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from gpumem.core.holders.objects import OPAQUE_MODULE_PREFIXES, function_frame_locals
-from gpumem.core.holders.stable_read import stable_list
+from gpumem.core.holders.objects import OPAQUE_MODULE_PREFIXES, function_frame_locals, stable_list
 
 __all__ = ["LIBRARY_PACKAGES", "Members", "code_reader", "is_library_module"]
 

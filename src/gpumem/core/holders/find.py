@@ -24,10 +24,9 @@ from gpumem.core.holders.model import (
     CycleReport,
     Holder,
 )
-from gpumem.core.holders.objects import ATOMIC_TYPES, type_name
+from gpumem.core.holders.objects import ATOMIC_TYPES, stable_list, type_name
 from gpumem.core.holders.ownership import attribute
 from gpumem.core.holders.remainder import Remainder, allocator_blocks, split_remainder
-from gpumem.core.holders.stable_read import stable_list
 from gpumem.core.holders.tensors import DeviceFilter
 from gpumem.core.holders.walk import OutOfTimeError, Root, Walker, walk_root
 from gpumem.core.readers.devices import parse_device

@@ -12,8 +12,7 @@ import sys
 from typing import Any
 
 from gpumem.core.holders.model import HiddenReference
-from gpumem.core.holders.objects import ATOMIC_TYPES
-from gpumem.core.holders.stable_read import stable_list
+from gpumem.core.holders.objects import ATOMIC_TYPES, stable_list
 
 __all__ = ["hidden_references", "ipython_names", "last_error_places"]
 

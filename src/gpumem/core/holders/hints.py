@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from gpumem.core.holders.stable_read import stable_list
+from gpumem.core.holders.objects import stable_list
 from gpumem.core.holders.tensors import StorageKey
 from gpumem.core.units import MIB, format_bytes
 

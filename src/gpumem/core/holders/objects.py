@@ -2,15 +2,16 @@
 
 Nothing here calls a property, ``__getattr__``, ``__len__`` or ``__iter__`` of a user class: the instance
 ``__dict__`` and ``__slots__`` are found through the class dicts and read through the interpreter's own
-descriptors.
+descriptors. A container another thread may be changing (a widget callback walks the namespace while a cell
+runs) is copied in one C call, again if it changed under the copy (:func:`stable_list`).
 """
 
 from __future__ import annotations
 
 import types
-from typing import Any
-
-from gpumem.core.holders.stable_read import stable_list
+from collections.abc import Callable, Iterable
+from itertools import islice
+from typing import Any, TypeVar
 
 __all__ = [
     "ATOMIC_TYPES",
@@ -21,13 +22,42 @@ __all__ = [
     "MODULE_INTERNALS",
     "OPAQUE_MODULE_PREFIXES",
     "OPAQUE_TYPES",
+    "READ_ATTEMPTS",
     "function_frame_locals",
     "instance_layout",
     "is_opaque",
     "own_dict",
     "slot_values",
+    "stable_list",
     "type_name",
 ]
+
+
+# Read a container another thread may be changing: a widget callback walks the namespace while a cell runs.
+#
+# Iterating a dict, set or deque that changes size raises ``RuntimeError``; a list copy made by one C call
+# almost never sees a change, and when it does (the interpreter switched threads mid-copy, e.g. to run a
+# finalizer) the copy is simply taken again.
+T = TypeVar("T")
+
+READ_ATTEMPTS = 64  # each attempt is one C-level copy; a switch mid-copy needs a finalizer or GC to run
+
+
+def stable_list(read: Callable[[], Iterable[T]], limit: int | None = None) -> list[T]:
+    """A list of what ``read()`` yields (at most ``limit`` items), read again if the container changed under it.
+
+    ``read`` is called once per attempt (``user_ns.items``, ``partial(dict.items, obj)``). After
+    :data:`READ_ATTEMPTS` failed copies the last ``RuntimeError`` propagates.
+    """
+    attempt = 1
+    while True:  # RuntimeError: "dictionary changed size during iteration", "deque mutated during iteration"
+        try:
+            return list(islice(read(), limit))
+        except RuntimeError:  # noqa: PERF203 (this loop is the retry: it runs once unless the copy failed)
+            if attempt >= READ_ATTEMPTS:
+                raise
+            attempt += 1
+
 
 # Values that hold no references worth following.
 ATOMIC_TYPES: frozenset[type] = frozenset(

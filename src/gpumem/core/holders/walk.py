@@ -38,8 +38,8 @@ from gpumem.core.holders.objects import (
     is_opaque,
     own_dict,
     slot_values,
+    stable_list,
 )
-from gpumem.core.holders.stable_read import stable_list
 from gpumem.core.holders.tensors import DeviceFilter, StorageKey, storage_keys
 
 __all__ = ["Edge", "OutOfTimeError", "Root", "Walker", "walk_root"]

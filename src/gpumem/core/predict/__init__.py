@@ -3,8 +3,8 @@ largest batch that fits. Needs torch (imported only when a prediction is asked f
 
 from __future__ import annotations
 
-from gpumem.core.predict.api import predict, predict_source, search_batch
 from gpumem.core.predict.batch import BatchSearch
+from gpumem.core.predict.dryrun import predict, predict_source, search_batch
 from gpumem.core.predict.guards import Refusal
 from gpumem.core.predict.result import DevicePrediction, Prediction
 

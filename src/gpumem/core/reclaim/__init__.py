@@ -1,8 +1,8 @@
 """Reclaim actions with a promise: the bytes each will return, computed before, and the bytes measured after.
 
-Modules: :mod:`~.promises` (the promise and the outcome), :mod:`~.storages` (which storages only the targets
-hold), :mod:`~.allocator_units` (those storages in the allocator's blocks and segments), :mod:`~.held` (the
-session's holders: names, IPython's output cache, the last exception), :mod:`~.actions` (the actions).
+Modules: :mod:`~.promises` (the promise in the allocator's blocks and segments, and the outcome),
+:mod:`~.storages` (which storages only the targets hold), :mod:`~.held` (the session's holders: names,
+IPython's output cache, the last exception), :mod:`~.actions` (the actions).
 """
 
 from __future__ import annotations

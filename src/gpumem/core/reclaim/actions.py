@@ -24,7 +24,6 @@ from gpumem.core.cleanup import empty_cache, free_lock
 from gpumem.core.diagnoses.fragmentation import read_segments
 from gpumem.core.holders.objects import own_dict
 from gpumem.core.readers.workspaces import clear_cublas_workspaces, workspace_sizes
-from gpumem.core.reclaim.allocator_units import allocator_promise, workspace_blocks
 from gpumem.core.reclaim.held import HeldReferences
 from gpumem.core.reclaim.promises import (
     CACHE,
@@ -36,6 +35,8 @@ from gpumem.core.reclaim.promises import (
     DeviceBytes,
     Outcome,
     Promise,
+    allocator_promise,
+    workspace_blocks,
 )
 from gpumem.core.reclaim.storages import RootObjects, expired, reached_storages, released_storages, weak_refs
 

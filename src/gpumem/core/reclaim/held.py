@@ -14,8 +14,7 @@ from typing import Any, Protocol
 
 from gpumem.core.cleanup import cell_running, release_last_exception, release_output
 from gpumem.core.holders.hidden import hidden_references, ipython_names, last_error_places
-from gpumem.core.holders.objects import ATOMIC_TYPES
-from gpumem.core.holders.stable_read import stable_list
+from gpumem.core.holders.objects import ATOMIC_TYPES, stable_list
 from gpumem.core.reclaim.storages import RootObjects
 
 __all__ = ["OUTPUT_ALIASES", "HeldReferences", "NamespaceReferences", "ShellReferences"]

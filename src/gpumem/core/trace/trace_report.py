@@ -13,9 +13,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpumem.core.trace.analysis import DeviceTrace, SiteUsage
+from gpumem.core.trace.analysis import DeviceTrace, Frame, SiteUsage
 from gpumem.core.trace.site_timeline import build_timeline, render_svg
-from gpumem.core.trace.sites import Frame
 from gpumem.core.units import format_bytes
 
 __all__ = ["TraceReport", "render_html", "render_text"]
