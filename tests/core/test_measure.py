@@ -221,6 +221,10 @@ def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None
         assert record.monotonic_s is not None and record.wall_time_s >= record.started_wall_s
     # One record, one set of renderers: each path's record goes through the other's.
     assert "block" in repr(CellReport(tracked)) and "+256.0 MiB" in repr(CellReport(tracked))
+    # Each block shows its report the same way; a scope is named by its kind, not by a cell number it lacks.
+    assert repr(block.report) == repr(CellReport(tracked))
+    assert repr(block.report).startswith("gpumem scope block "), repr(block.report)
+    assert "#0" not in repr(block.report) and "#0" not in CellReport(tracked)._repr_html_()
     assert [record_from_dict(json.loads(json.dumps(record_to_dict(record)))) for record in records] == records
     assert metrics_of(measured).keys() == metrics_of(tracked).keys()
     assert [row["peak_allocated_bytes"] for row in report_rows(records)] == [GIB + 256 * MIB] * 2

@@ -33,7 +33,10 @@ STYLE = (
 
 
 def cell_label(record: CellRecord) -> str:
-    """``[7]`` for a cell with an execution count, else ``#3``, its place among the measured cells."""
+    """``[7]`` for a cell with an execution count, else ``#3``, its place among the measured cells; a scope,
+    tag or run by its kind (its label follows in the report)."""
+    if record.kind != "cell":
+        return record.kind
     count = record.execution_count
     return f"[{count}]" if count is not None else f"#{record.serial}"
 

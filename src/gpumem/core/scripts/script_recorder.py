@@ -75,6 +75,15 @@ class Scope:
         if stream is not None:
             self.record = self._recorder.close_scope(self, stream, self._path, exc)
 
+    @property
+    def report(self) -> Any:
+        """The record as ``gpumem.measure`` renders it: ``print`` gives text, notebooks render HTML."""
+        if self.record is None:
+            raise RuntimeError(f"the scope {self.label!r} has not finished yet")
+        from gpumem.core.cells.report import CellReport
+
+        return CellReport(self.record)
+
 
 class ScriptRecorder:
     """Tags, scopes and step metrics of one monitor (created on first use)."""
