@@ -4,7 +4,8 @@ One recording of ``bench_sampler``'s training step (on CUDA: 8 x Linear(1024), A
 about 50,800 calls; on the CPU its small stand-in, width 128, batch 32, one thread, 57 steps for about as many
 calls) under ``--profile``'s recorder (``profile_records.RecordsProfiler``), then read again and again by
 two readers in paired, interleaved quads (``_paired``: A B B A, with an A/A control): A the baseline reader
-(``profile_records.py`` of an earlier commit, ``--baseline-rev``, or a file, ``--baseline``), B this tree's.
+(``profile_records.py`` of an earlier commit, ``--baseline-rev``, through ``git show``; or a file, ``--baseline``
+or ``benchmarks/baseline_profile_records_<rev>.py``, for a machine without git), B this tree's.
 Both must give the same table (every row with a figure that is not 0, in order, and the number of calls), else
 the benchmark fails.
 Reported: the median of the per-round ratios B/A with the A/A control's, and each reader's median seconds
@@ -43,7 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def baseline(rev: str, path: Path | None) -> ModuleType:
-    """The reader of an earlier commit (``git show``), or of a file, as a module of its own."""
+    """The reader of an earlier commit, as a module of its own: from a file (``--baseline``, else
+    ``benchmarks/baseline_profile_records_<rev>.py`` where it exists: a copy without git), or ``git show``."""
+    if path is None and (here := Path(__file__).with_name(f"baseline_profile_records_{rev}.py")).exists():
+        path = here
     if path is None:
         path = Path("/tmp") / f"gpumem_profile_records_{rev}.py"
         source = subprocess.run(["git", "show", f"{rev}:{READER}"], cwd=ROOT, capture_output=True, check=True)
@@ -139,7 +143,7 @@ def main() -> None:
             f"this tree {median['B'] * 1e3:.1f} ms a read (medians); B/A {result['paired']['median']:.3f} "
             f"(IQR {result['paired']['q1']:.3f}-{result['paired']['q3']:.3f}, {result['paired']['rounds']} rounds), "
             f"A/A {result['control']['median']:.3f} (IQR {result['control']['q1']:.3f}-{result['control']['q3']:.3f}); "
-            f"the same table (rows in order, calls) from both")  # fmt: skip
+            f"the same rows with a figure not 0 (in order) and calls from both")  # fmt: skip
     print(line)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
