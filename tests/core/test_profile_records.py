@@ -283,5 +283,11 @@ def test_where_most_records_hold_device_bytes_their_host_field_is_read_where_nee
     assert _Record.reads["", "cpu_memory_usage"] == 1 + 11  # the host record, and each record looked at first
 
 
+def test_a_thread_that_recorded_memory_and_no_call_has_memory_rows_alone() -> None:
+    records = [_Record("mark", "__start_profile"), _Record("memory_alloc", host=10), _Record("memory_alloc", host=-4)]
+    assert _figures(records) == ({MEMORY_EVENT: (2, 6, 6)}, 2)
+    assert read_records([]) == read_records([[]]) == ([], 0)
+
+
 def test_a_call_without_a_handle_is_refused() -> None:
     assert read_records([[_Record("push", "outer"), _Record("pop")]]) is None
