@@ -9,8 +9,9 @@ the same. CUDA (autograd's device thread) is compared in ``test_profile_gpu.py``
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -132,15 +133,58 @@ def test_a_recorder_that_cannot_start_gives_way_to_kineto(monkeypatch: pytest.Mo
 
 
 class _Record:
-    """A record shaped as PyTorch's (``torch._C._autograd.ProfilerEvent``), for orders a real run rarely gives."""
+    """A record shaped as PyTorch's (``torch._C._autograd.ProfilerEvent``: its fields are methods of its
+    class), for orders a real run rarely gives; each field read is counted in ``reads``."""
 
-    def __init__(self, kind: str, name: str = "", handle: int = 0, host: int = 0, thread: int = 1) -> None:
-        self._fields = {"kind": kind, "name": name, "handle": handle, "cpu_memory_usage": host, "thread_id": thread}
+    reads: ClassVar[Counter[tuple[str, str]]] = Counter()
 
-    def __getattr__(self, field: str) -> Callable[[], Any]:
-        if field in self._fields:
-            return lambda: self._fields[field]
-        return {"cuda_memory_usage": lambda: 0, "is_async": lambda: False, "shapes": list}[field]
+    def __init__(
+        self,
+        kind: str,
+        name: str = "",
+        handle: int = 0,
+        host: int = 0,
+        *,
+        device: int = 0,
+        thread: int = 1,
+        is_async: bool = False,
+    ) -> None:
+        self.fields = {"kind": kind, "name": name, "handle": handle, "cpu_memory_usage": host, "thread_id": thread,
+                       "is_async": is_async, "cuda_memory_usage": device, "shapes": []}  # fmt: skip
+
+    def _read(self, field: str) -> Any:
+        self.reads[self.fields["name"], field] += 1
+        return self.fields[field]
+
+    def kind(self) -> str:
+        return str(self._read("kind"))
+
+    def name(self) -> str:
+        return str(self._read("name"))
+
+    def handle(self) -> int:
+        return int(self._read("handle"))
+
+    def cpu_memory_usage(self) -> int:
+        return int(self._read("cpu_memory_usage"))
+
+    def cuda_memory_usage(self) -> int:
+        return int(self._read("cuda_memory_usage"))
+
+    def thread_id(self) -> int:
+        return int(self._read("thread_id"))
+
+    def is_async(self) -> bool:
+        return bool(self._read("is_async"))
+
+    def shapes(self) -> list[list[int]]:
+        return list(self._read("shapes"))
+
+
+def _figures(records: list[_Record]) -> tuple[dict[str, tuple[int, int, int]], int]:
+    table = read_records([records])
+    assert table is not None
+    return {row.name: (row.calls, row.self_cpu_bytes, row.cpu_bytes) for row in table.rows}, table.calls
 
 
 def test_calls_are_paired_by_handle_and_a_call_ended_after_its_parent_is_left_out() -> None:
@@ -155,13 +199,94 @@ def test_calls_are_paired_by_handle_and_a_call_ended_after_its_parent_is_left_ou
         _Record("memory_alloc", host=8),
         _Record("pop", handle=3),
     ]
+    rows, calls = _figures(records)
+    assert calls == 2  # outer, and the memory record inside no call
+    assert rows == {"outer": (1, 100, 100), MEMORY_EVENT: (1, 8, 8)}
+
+
+def test_an_end_recorded_before_its_begin_leaves_the_call_out() -> None:
+    records = [
+        _Record("pop", handle=7),  # its begin came before the records: the call is left out, in order
+        _Record("push", "late", 7),
+        _Record("memory_alloc", host=50),
+    ]
+    assert _figures(records) == ({MEMORY_EVENT: (1, 50, 50)}, 1)
+
+
+def test_whether_a_call_is_asynchronous_is_read_only_where_it_changes_the_table() -> None:
+    _Record.reads.clear()
+    records = [
+        _Record("push", "outer", 1),
+        _Record("push", "idle", 2, is_async=True),  # no memory, no children: async or not, nothing changes
+        _Record("pop", handle=2),
+        _Record("memory_alloc", host=100),
+        _Record("pop", handle=1),
+    ]
+    assert _figures(records) == ({"outer": (1, 100, 100)}, 2)
+    assert _Record.reads["idle", "is_async"] == 0
+    assert _Record.reads["outer", "is_async"] == 1
+
+
+def test_an_asynchronous_call_that_moved_memory_is_no_child() -> None:
+    records = [
+        _Record("push", "outer", 1),
+        _Record("push", "block", 2, is_async=True),
+        _Record("memory_alloc", host=100),
+        _Record("pop", handle=2),
+        _Record("pop", handle=1),
+    ]
+    # the block has a total and no self figure; the outer call's self keeps the block's bytes
+    assert _figures(records) == ({"outer": (1, 100, 100), "block": (1, 0, 100)}, 2)
+
+
+def test_an_asynchronous_call_beside_a_same_named_child_lets_it_merge() -> None:
+    records = [
+        _Record("push", "outer", 1),
+        _Record("push", "outer", 2),
+        _Record("memory_alloc", host=10),
+        _Record("pop", handle=2),
+        _Record("push", "idle", 3, is_async=True),  # not a child: "outer" has one child of its own name
+        _Record("pop", handle=3),
+        _Record("pop", handle=1),
+    ]
+    assert _figures(records) == ({"outer": (1, 10, 10)}, 2)
+
+
+def test_a_call_ended_on_another_thread_is_asynchronous() -> None:
+    records = [
+        _Record("push", "outer", 1),
+        _Record("push", "block", 2),
+        _Record("memory_alloc", host=100),
+        _Record("pop", handle=2, thread=2),
+        _Record("pop", handle=1),
+    ]
+    assert _figures(records) == ({"outer": (1, 100, 100), "block": (1, 0, 100)}, 2)
+
+
+def test_where_most_records_hold_device_bytes_their_host_field_is_read_where_needed() -> None:
+    """Most records here hold device bytes: that field is read first, the host one only where it is 0."""
+    _Record.reads.clear()
+    records = [_Record("push", "step", 1)]
+    records += [_Record("memory_alloc", device=512) for _ in range(9)]
+    records += [_Record("memory_alloc", host=64), _Record("memory_alloc", device=-512), _Record("pop", handle=1)]
     table = read_records([records])
     assert table is not None
-    assert table.calls == 2  # outer, and the memory record inside no call
-    assert {row.name: (row.calls, row.self_cpu_bytes, row.cpu_bytes) for row in table.rows} == {
-        "outer": (1, 100, 100),
-        MEMORY_EVENT: (1, 8, 8),
-    }
+    (row,) = table.rows
+    assert (row.name, row.self_cpu_bytes, row.cpu_bytes, row.self_device_bytes, row.device_bytes) == (
+        "step",
+        64,
+        64,
+        8 * 512,
+        8 * 512,
+    )
+    assert _Record.reads["", "cuda_memory_usage"] == 11
+    assert _Record.reads["", "cpu_memory_usage"] == 1 + 11  # the host record, and each record looked at first
+
+
+def test_a_thread_that_recorded_memory_and_no_call_has_memory_rows_alone() -> None:
+    records = [_Record("mark", "__start_profile"), _Record("memory_alloc", host=10), _Record("memory_alloc", host=-4)]
+    assert _figures(records) == ({MEMORY_EVENT: (2, 6, 6)}, 2)
+    assert read_records([]) == read_records([[]]) == ([], 0)
 
 
 def test_a_call_without_a_handle_is_refused() -> None:
