@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import pytest
 
@@ -188,8 +189,16 @@ class _HostOfThisProcess(FakeSource):
         return super().snapshot(process_memory=process_memory)._replace(host=self.host_reader.read())
 
 
+def _new_pages(size: int) -> mmap.mmap:
+    """``size`` bytes of fresh anonymous pages, each written: resident whatever the C allocator kept from
+    earlier tests (a tensor's memory may come from a heap such tests left behind)."""
+    pages = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        pages[offset] = 1
+    return pages
+
+
 def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None:
-    torch = pytest.importorskip("torch")
     source = _HostOfThisProcess()
     previous = set_default_monitor(Monitor(source))
     records = []
@@ -198,12 +207,11 @@ def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None
             with block:
                 grown = source.allocate(256 * MIB)
                 source.transient(GIB)
-                tensor = torch.ones(16 * MIB)  # 64 MiB of new pages (above glibc's largest mmap threshold)
-                tensor.add_(1.0)
+                pages = _new_pages(64 * MIB)
             records.append(block.record)
             source.free(grown)
             source.empty_cache()  # both start from the same device figures
-            del tensor
+            pages.close()
     finally:
         set_default_monitor(previous)
     measured, tracked = records

@@ -24,8 +24,6 @@ from typing import Any, NamedTuple
 
 from gpumem.core.cells.formatting import STYLE
 from gpumem.core.diagnoses.profile_events import OperatorMemory, read_operators, shapes_text, sort_rows
-from gpumem.core.diagnoses.profile_records import RecordsProfiler, read_records
-from gpumem.core.diagnoses.profile_records import available as records_available
 from gpumem.core.readers.cuda_fault import cuda_faults, status_text
 from gpumem.core.readers.torch_state import no_torch_reason
 from gpumem.core.units import format_bytes
@@ -224,8 +222,11 @@ class CellProfiler:
             return "; ".join(status_text(fault) for fault in faults.values())
         self._cuda = _cuda_available(torch)
         self._rss_before = self._rss()
-        if self.recorder == "records" and records_available(torch):
-            records = RecordsProfiler(torch)
+        # The records reader needs numpy: imported when a cell is profiled, never by loading the extension.
+        from gpumem.core.diagnoses import profile_records
+
+        if self.recorder == "records" and profile_records.available(torch):
+            records = profile_records.RecordsProfiler(torch)
             try:
                 records.start()
             except Exception:  # noqa: S110 - a torch whose recorder takes other arguments: Kineto's instead
@@ -248,6 +249,8 @@ class CellProfiler:
         recorder, self._profiler = self._profiler, None
         if recorder is None:
             return None
+        from gpumem.core.diagnoses.profile_records import RecordsProfiler
+
         began = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -266,15 +269,21 @@ class CellProfiler:
     def abandon(self) -> None:
         """Stop without a report (the extension is unloading with a cell in flight)."""
         recorder, self._profiler = self._profiler, None
+        if recorder is None:
+            return
+        from gpumem.core.diagnoses.profile_records import RecordsProfiler
+
         if isinstance(recorder, RecordsProfiler):
             recorder.stop()
-        elif recorder is not None:
+        else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 recorder.__exit__(None, None, None)
 
 
 def _read_records(records: Any) -> tuple[list[OperatorMemory], int]:
+    from gpumem.core.diagnoses.profile_records import read_records
+
     table = read_records(records)
     if table is None:
         raise ValueError("PyTorch's operator records were not as expected")
