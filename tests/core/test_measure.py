@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import mmap
 
@@ -199,6 +200,7 @@ def _new_pages(size: int) -> mmap.mmap:
 
 
 def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None:
+    gc.collect()  # earlier tests' garbage, which a collection inside a block would free and take from its RSS
     source = _HostOfThisProcess()
     previous = set_default_monitor(Monitor(source))
     records = []
