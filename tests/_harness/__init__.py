@@ -3,7 +3,7 @@
 ``config``      REPO_ROOT, SRC_DIR and the default time limits
 ``artifacts``   ``test-artifacts/`` (``$GPUMEM_TEST_ARTIFACTS`` overrides), screenshots
 ``gpu``         the CUDA probe behind the ``gpu`` marker (``$GPUMEM_REQUIRE_GPU`` turns skips into failures)
-``shell``       the in-process IPython shell
+``shell``       the in-process IPython shell, and waiting on its threads (``wait_until``)
 ``notebooks``   isolated Jupyter directories, notebooks run in real kernels
 ``servers``     JupyterLab / Notebook 7 servers
 ``chromium``    Playwright on Debian's chromium
@@ -58,7 +58,14 @@ from _harness.lab_page import (
 )
 from _harness.notebooks import JupyterEnv, cell_text, make_jupyter_env, make_notebook, notebook_text, run_notebook
 from _harness.servers import JupyterServer, start_jupyter_server
-from _harness.shell import cpu_holders, gpumem_loaded, reset_shell, run_cell_capture, walk_cpu_tensors
+from _harness.shell import (
+    cpu_holders,
+    gpumem_loaded,
+    reset_shell,
+    run_cell_capture,
+    wait_until,
+    walk_cpu_tensors,
+)
 
 __all__ = [
     "CHROMIUM_ARGS",
@@ -102,5 +109,6 @@ __all__ = [
     "wait_for_kernel_idle",
     "wait_for_output",
     "wait_for_text",
+    "wait_until",
     "walk_cpu_tensors",
 ]

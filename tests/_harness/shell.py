@@ -8,7 +8,8 @@ import gc
 import os
 import sys
 import tempfile
-from collections.abc import Collection, Iterator, Mapping
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -202,3 +203,15 @@ def run_cell_capture(shell: InteractiveShell, code: str, *, raise_on_error: bool
     if raise_on_error:
         result.raise_error()
     return result, cap
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, poll_s: float = 0.02) -> Any:
+    """``predicate()``'s first true value, polled while the panel's and sampler's threads work; fails after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"condition not met in {timeout_s:g} s")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from _harness import run_cell_capture
+from _harness import run_cell_capture, wait_until
 from gpumem.core.holders import find_holders
 from gpumem.core.monitoring.monitor import Monitor
 from gpumem.panel.holders_view import TOP_ROWS, build_holders, render_holders
@@ -43,16 +43,6 @@ def monitor() -> Iterator[Monitor]:
 
 def _text(html_text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html_text)).replace("&#x27;", "'").strip()
-
-
-def _wait_until(predicate: Any, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def cell(ip: Any, code: str) -> Any:
@@ -88,10 +78,10 @@ def test_release_out_from_the_panel_label_before_result_after(ip: Any, monitor: 
     assert "returns" not in panel._holders.buttons[0].tooltip  # no CUDA device: storage bytes, said so
     assert "releases 3.8 MiB of host tensor storage" in panel._holders.buttons[0].tooltip
     panel._holders.buttons[0].click()
-    _wait_until(lambda: "as promised" in panel._holders.result.value)
+    wait_until(lambda: "as promised" in panel._holders.result.value)
     assert torch.UntypedStorage._expired(ip.user_ns["w"])
     assert f"Release Out[{number}]: 1 storage freed" in _text(panel._holders.result.value)
-    _wait_until(lambda: not any(text.startswith("Release Out") for text in _buttons(panel)))
+    wait_until(lambda: not any(text.startswith("Release Out") for text in _buttons(panel)))
 
 
 def test_unbind_asks_first_and_says_what_else_holds_the_storage(ip: Any, monitor: Monitor) -> None:
@@ -103,13 +93,13 @@ def test_unbind_asks_first_and_says_what_else_holds_the_storage(ip: Any, monitor
     assert set(pane.names.options) >= {"big"}
     pane.names.value = "big"
     pane.unbind.click()
-    _wait_until(lambda: pane.confirm_row.layout.display == "flex" or (panel.refresh() and False))
+    wait_until(lambda: pane.confirm_row.layout.display == "flex" or (panel.refresh() and False))
     assert "also held by view" in _text(pane.confirm_text.value) and "big" in ip.user_ns
     pane.cancel.click()
-    _wait_until(lambda: panel.refresh() and pane.confirm_row.layout.display == "none")
+    wait_until(lambda: panel.refresh() and pane.confirm_row.layout.display == "none")
     pane.names.value = "big"
     pane.confirm.click()
-    _wait_until(lambda: "del big" in pane.result.value or (panel.refresh() and False))
+    wait_until(lambda: "del big" in pane.result.value or (panel.refresh() and False))
     assert "big" not in ip.user_ns and "view" in ip.user_ns
 
 
@@ -117,7 +107,7 @@ def test_holders_walk_again_after_a_cell_while_shown(ip: Any, monitor: Monitor) 
     panel = Panel(monitor, autostart=False, shell=ip)
     panel._views.changed("page-1", 0, 1)
     cell(ip, f"import torch\nfresh = torch.ones({FLOATS})")
-    _wait_until(lambda: panel.refresh() and "fresh" in panel._holders.view.value)
+    wait_until(lambda: panel.refresh() and "fresh" in panel._holders.view.value)
 
 
 def test_every_holders_widget_is_routed_with_the_panel(monitor: Monitor) -> None:
@@ -140,7 +130,7 @@ def test_an_action_clicked_while_a_cell_runs_is_answered_within_a_second(ip: Any
         time.sleep(0.3)
         began = time.perf_counter()
         panel._holders.buttons[index].click()
-        _wait_until(lambda: "as promised" in panel._holders.result.value or (panel.refresh() and False))
+        wait_until(lambda: "as promised" in panel._holders.result.value or (panel.refresh() and False))
         answered.append(time.perf_counter() - began)
 
     clicker = threading.Thread(target=click)
@@ -160,11 +150,11 @@ def test_a_measured_cells_report_is_one_pick_away(ip: Any) -> None:
         panel._views.changed("page-1", 0, 1)
         cell(ip, "%%gpumem\nsmall = 1")
         choice = panel._cells.choice
-        _wait_until(lambda: panel.refresh() and len(choice.options) >= 3)
+        wait_until(lambda: panel.refresh() and len(choice.options) >= 3)
         labels = [label for label, _ in choice.options]
         assert labels[1].startswith("[") and "small = 1" in labels[1] and "import torch  host +" in labels[2]
         choice.value = choice.options[2][1]
-        _wait_until(lambda: panel.refresh() and "import torch" in panel._cells.report.value)
+        wait_until(lambda: panel.refresh() and "import torch" in panel._cells.report.value)
         assert "gpumem-report" in panel._cells.report.value
     assert panel._cells.choice.options  # unloading closes the panel; the source is gone with the extension
     from gpumem.panel.cell_source import cell_records
@@ -183,11 +173,11 @@ def test_after_an_out_of_memory_error_the_panel_shows_the_explanation(ip: Any, m
     try:
         note_oom(report)
         cell(ip, "x = 1")
-        _wait_until(lambda: panel.refresh() and "Out of memory" in panel._cells.oom.value)
+        wait_until(lambda: panel.refresh() and "Out of memory" in panel._cells.oom.value)
         assert "1.5 GiB" in _text(panel._cells.oom.value) and panel._cells.oom.layout.display == "block"
         shown = panel._cells.oom.value
         cell(ip, "y = 2")  # the same explanation is not drawn again
-        _wait_until(lambda: panel.refresh() and panel._cells.oom.value == shown)
+        wait_until(lambda: panel.refresh() and panel._cells.oom.value == shown)
     finally:
         note_oom(None)
 

@@ -4,24 +4,13 @@ out-of-memory explanation shown in the panel after a cell dies of it."""
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import pytest
 
-from _harness import run_cell_capture
+from _harness import run_cell_capture, wait_until
 
 pytestmark = pytest.mark.gpu
-
-
-def _wait_until(predicate: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_release_out_on_the_gpu_and_the_oom_explanation(gpu: Any) -> None:
@@ -40,12 +29,12 @@ def test_release_out_on_the_gpu_and_the_oom_explanation(gpu: Any) -> None:
         promised = re.search(r"returns 256\.0 MiB to the allocator and ([\d.]+ [KMG]iB) to the device", button.tooltip)
         assert promised is not None, button.tooltip
         button.click()
-        _wait_until(lambda: panel.refresh() and "Release Out" in panel._holders.result.value)
+        wait_until(lambda: panel.refresh() and "Release Out" in panel._holders.result.value, timeout_s=30.0)
         text = re.sub(r"<[^>]+>", "", panel._holders.result.value)
         assert f"256.0 MiB back to the allocator, {promised.group(1)} to the device" in text, text
         assert "as promised" in text, text
         failed, _ = run_cell_capture(gpu, "torch.empty(2**50, device='cuda:0')")
         assert not failed.success
-        _wait_until(lambda: panel.refresh() and "Out of memory" in panel._cells.oom.value)
+        wait_until(lambda: panel.refresh() and "Out of memory" in panel._cells.oom.value, timeout_s=30.0)
     finally:
         close_all()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
+from _harness import wait_until
 from _harness.traffic import CommRecorder
 from gpumem.core.monitoring.monitor import Monitor
 from gpumem.core.monitoring.peaks import RunningPeak
@@ -43,16 +44,6 @@ BROWSER_BUDGET_BYTES_PER_S = 50_000
 
 def _gpumem_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("gpumem-") and t.is_alive())
-
-
-def _wait_until(predicate: Any, timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture(autouse=True)
@@ -490,7 +481,7 @@ def test_free_button_runs_on_a_worker_while_the_main_thread_computes(fake: tuple
         losses.append(loss.detach())
     clicker.join()
     assert clicked.is_set()
-    _wait_until(lambda: panel._last_free is not None)
+    wait_until(lambda: panel._last_free is not None)
     assert free_threads == ["gpumem-free"]
     assert panel.refresh()
     assert _text(panel._message.value).startswith("Freed 1.0 GiB of GPU memory")
@@ -504,7 +495,7 @@ def test_deep_option_reaches_cleanup_and_failures_are_shown(
     panel = _panel(monitor)
     panel._deep.value = True
     panel._free_button.click()
-    _wait_until(lambda: panel._last_free is not None)
+    wait_until(lambda: panel._last_free is not None)
     outcome = panel._last_free
     assert outcome is not None and outcome.result is not None and outcome.result.deep
 
@@ -539,7 +530,7 @@ def test_sends_nothing_without_a_view_and_pushes_when_one_appears(
     assert not panel.visible
     panel.set_state({"_view_count": 1})  # what the kernel does when the front end reports a view
     assert panel.visible
-    _wait_until(lambda: any("y" in m.keys for m in recorder.updates(quiet_from)))
+    wait_until(lambda: any("y" in m.keys for m in recorder.updates(quiet_from)))
     xy = [m for m in recorder.updates(quiet_from) if "y" in m.keys]
     assert all("x" in m.keys for m in xy)  # x and y travel in one message
     assert {m.thread for m in recorder.updates(quiet_from) if m.method == "update"} <= {"gpumem-panel-writer"}
@@ -611,10 +602,10 @@ def test_pause_freezes_and_resume_catches_up(fake: tuple[FakeSource, Monitor]) -
     _source, monitor = fake
     panel = _panel(monitor)
     panel._pause_button.click()
-    _wait_until(lambda: panel._pause_button.description == "Resume")
+    wait_until(lambda: panel._pause_button.description == "Resume")
     assert "Paused" in _text(panel._message.value)
     panel._pause_button.click()
-    _wait_until(lambda: panel._pause_button.description == "Pause")
+    wait_until(lambda: panel._pause_button.description == "Pause")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -702,9 +693,9 @@ def test_the_panel_asks_for_600_samples_a_window(fake: tuple[FakeSource, Monitor
     narrow._repr_mimebundle_()
     assert monitor.sampler.rate_hz == 10
     narrow._window.value = "1 h"  # the user picks a longer window: the writer thread applies it
-    _wait_until(lambda: monitor.sampler.rate_hz == 1)
+    wait_until(lambda: monitor.sampler.rate_hz == 1)
     narrow._window.value = "1 min"
-    _wait_until(lambda: monitor.sampler.rate_hz == 10)
+    wait_until(lambda: monitor.sampler.rate_hz == 10)
     narrow.close()
     assert monitor.sampler.rate_hz == 1
     panel.close()
@@ -781,7 +772,7 @@ def test_a_push_follows_the_sample_it_shows(fake: tuple[FakeSource, Monitor]) ->
     monitor.acquire("another user")  # the sampler already runs at 1 Hz, out of step with the panel's opening
     time.sleep(0.5)
     panel.set_state({"_view_count": 1})  # shown: the pushes fall into step with the samples
-    _wait_until(lambda: len(pushes) >= 6, timeout_s=15.0)
+    wait_until(lambda: len(pushes) >= 6, timeout_s=15.0)
     panel.close()
     monitor.release("another user")
     steady = pushes[1:]  # the first push shows the figures read at opening
