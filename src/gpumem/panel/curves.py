@@ -312,11 +312,10 @@ def layout_marks(frame: CurveFrame, plot_width_px: float, plot_height_px: float)
             labels[index] = ""
     # A label keeps its pixel offset and width at any width while lines spread out: a line between a label's
     # own line and its far end may cross it at some wider drawing, so it stops under the band.
-    reaches = [(min(lft, positions[j]) - 1, max(r, positions[j]) + 1) for j, (lft, r) in boxes.items()]
-    owners = list(boxes)
+    reaches = {j: (min(lft, positions[j]) - 1, max(r, positions[j]) + 1) for j, (lft, r) in boxes.items()}
     under_band = 1.0 - MARK_LABEL_BAND_PX / max(plot_height_px, 2 * MARK_LABEL_BAND_PX)
     tops = tuple(
-        under_band if any(lft <= px <= r for j, (lft, r) in zip(owners, reaches, strict=True) if j != i) else 1.0
+        under_band if any(lft <= px <= r for j, (lft, r) in reaches.items() if j != i) else 1.0
         for i, px in enumerate(positions)
     )
     return frame._replace(mark_labels=tuple(labels), mark_tops=tops, mark_label_right=tuple(on_right))
