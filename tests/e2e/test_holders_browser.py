@@ -3,7 +3,8 @@
 From a fresh kernel with a tensor pinned only by IPython's output cache, the panel names it and offers
 a button labelled with the bytes releasing it returns; one click frees it (no typing), and the result
 says it was as promised. Then an action clicked while a cell runs is answered within a second, and
-the view fits a 1600 px notebook and a narrow one without sideways scroll.
+the view fits a 1600 px notebook and a narrow one without sideways scroll. After an out-of-memory
+error the panel shows its explanation next to the action that frees what the error's frames keep.
 """
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ SETUP = (
     "model = torch.nn.Linear(1000, 1000)\n"
     "model(torch.ones(2, 1000)).sum().backward()\n"
     "torch.ones(1_000_000)"
+)
+# An out-of-memory error as PyTorch words it (this machine has no GPU), raised where its frame keeps a tensor
+# that nothing else holds: the explanation and the action that drops the frames are the real ones.
+OOM_CELL = (
+    "def step():\n"
+    "    activations = torch.ones(1_000_000)\n"
+    "    raise torch.OutOfMemoryError(\n"
+    "        'CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which '\n"
+    "        '1.50 GiB is free. Including non-PyTorch memory, this process has 77.60 GiB memory in use. Of the '\n"
+    "        'allocated memory 76.00 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but '\n"
+    "        'unallocated.')\n"
+    "step()"
 )
 LONG_CELL = "import time\nfor i in range(12): time.sleep(1)"
 ANSWER_WITHIN_S = 1.0
@@ -130,6 +143,23 @@ def _a_cells_report_in_the_panel(page: Page) -> None:
               "the cell's report in the panel", page)  # fmt: skip
 
 
+def _oom_in_the_panel(page: Page) -> None:
+    """A cell dies of out-of-memory: the panel explains it once and frees what its frames keep in one click."""
+    run_cell(page, OOM_CELL)
+    oom = page.locator(f"{PANEL} .gm-cells-pane [role=alert]").first
+    _wait_for(oom.is_visible, 30, "the out-of-memory explanation in the panel", page)
+    explanation = str(page.locator(f"{PANEL} .gm-cells-pane").first.inner_text())
+    assert "Out of memory" in explanation and "2.0 GiB" in explanation and "1.5 GiB" in explanation, explanation
+    label = _wait_for(lambda: next((t for t in _labels(page) if t.startswith("Drop the last exception")), None), 30,
+                      "the action that drops the exception's frames", page)  # fmt: skip
+    assert label == "Drop the last exception's frames: 3.8 MiB", label
+    page.locator(BUTTONS, has_text="Drop the last exception").first.click()
+    text = _wait_for(lambda: "last exception" in (t := _result(page)) and "as promised" in t and t, 15,
+                     "the drop's result", page)  # fmt: skip
+    assert re.search(r"Drop the last exception's frames: .*as promised", text), text
+    assert page.locator(f"{PANEL} .gm-cells-pane [role=alert]").count() == 1, "the explanation is shown once"
+
+
 def _assert_fits(page: Page, what: str, *, whole_panel: bool = True) -> None:
     """The holders pane (and, where the plot has room, the whole panel) scrolls not sideways, cuts no button."""
     page.locator(PANEL).first.scroll_into_view_if_needed()
@@ -160,6 +190,7 @@ def test_holders_in_jupyterlab(jupyter_server: JupyterServer, browser_page: Page
     page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "holders_jupyterlab.png"))
     _action_while_a_cell_runs(page)
     _a_cells_report_in_the_panel(page)
+    _oom_in_the_panel(page)
     check = run_cell(
         page, "print('grad', model.weight.grad, 'out', [n for n, v in Out.items() if hasattr(v, 'numel')])"
     )
