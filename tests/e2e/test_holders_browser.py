@@ -1,7 +1,7 @@
 """The panel's holders view in a real JupyterLab 4 and Notebook 7, driven through chromium.
 
 From a fresh kernel with a tensor pinned only by IPython's output cache, the panel names it and offers
-a button labelled with the bytes releasing it returns; one click frees it (no typing), and the result
+a button labelled with the bytes releasing it returns; one click (or Tab and Enter) frees it, and the result
 says it was as promised. Then an action clicked while a cell runs is answered within a second, and
 the view fits a 1600 px notebook and a narrow one without sideways scroll. After an out-of-memory
 error the panel shows its explanation next to the action that frees what the error's frames keep.
@@ -96,16 +96,31 @@ def _result(page: Page) -> str:
     return str(page.locator(RESULT).first.inner_text())
 
 
-def _release_out_without_typing(page: Page) -> None:
-    """The Out button's label before, one click, the measured result after; the tensor is gone."""
+def _release_out_without_typing(page: Page, *, by_keyboard: bool = False) -> None:
+    """The Out button's label before, one click (or Tab and Enter), the measured result after; the tensor is gone."""
     label = _wait_for(lambda: next((t for t in _labels(page) if t.startswith("Release Out[")), None), 30,
                       "the Release Out button", page)  # fmt: skip
     assert re.fullmatch(r"Release Out\[\d+\]: 3\.8 MiB", label), label
     assert "3.8 MiB" in page.locator(f"{PANEL} .gm-holders-view").first.inner_text()
-    page.locator(BUTTONS, has_text="Release Out[").first.click()
+    if by_keyboard:
+        _press_by_keyboard(page, "Release Out[")
+    else:
+        page.locator(BUTTONS, has_text="Release Out[").first.click()
     text = _wait_for(lambda: "as promised" in (t := _result(page)) and t, 15, "the release's result", page)
     assert re.search(r"Release Out\[\d+\]: 1 storage freed", text), text
     _wait_for(lambda: not any(t.startswith("Release Out[") for t in _labels(page)), 15, "the button to go", page)
+
+
+def _press_by_keyboard(page: Page, label_start: str) -> None:
+    """Tab from the holders view's Refresh button to the button whose label starts so, then Enter."""
+    page.locator(f"{PANEL} .gm-holders-pane button", has_text="Refresh").first.focus()
+    for _ in range(12):
+        page.keyboard.press("Tab")
+        focused = page.evaluate("() => (document.activeElement?.textContent || '').trim()")
+        if focused.startswith(label_start):
+            page.keyboard.press("Enter")
+            return
+    raise AssertionError(f"Tab from Refresh never reached {label_start!r} (last focused: {focused!r})")
 
 
 def _standing(page: Page) -> list[str]:
@@ -209,7 +224,7 @@ def test_holders_in_notebook7(notebook_server: JupyterServer, browser_page: Page
     run_cell(page, SETUP)
     run_cell(page, "import gpumem\ngpumem.Panel(window='1min')")
     page.locator(PANEL).first.wait_for(state="visible")
-    _release_out_without_typing(page)
+    _release_out_without_typing(page, by_keyboard=True)
     page.locator(PANEL).first.screenshot(path=str(artifacts_path() / "holders_notebook7.png"))
 
 
