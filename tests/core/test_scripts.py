@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import subprocess
 import sys
@@ -49,11 +50,18 @@ def test_the_guides_flow_on_the_host_source_without_cuda() -> None:
     try:
         plain = mon.snapshot()
         assert isinstance(plain, Snapshot)  # no tag: the plain reading, as before
-        before = mon.snapshot("before_model")
         # 64 MiB of float32 weights: above glibc's largest mmap threshold (32 MiB), so they are new pages in
-        # this process's memory, never a reuse of heap an earlier test freed (16 MiB could be, and was).
-        model = torch.nn.Linear(4096, 4096)
-        after = mon.snapshot("after_model")
+        # this process's memory, never a reuse of heap an earlier test freed (16 MiB could be, and was). Earlier
+        # tests' garbage is collected first and no collection runs in between: one that freed a 64 MiB tensor
+        # there took exactly the model's growth away (CI: RSS the same to the byte).
+        gc.collect()
+        gc.disable()
+        try:
+            before = mon.snapshot("before_model")
+            model = torch.nn.Linear(4096, 4096)
+            after = mon.snapshot("after_model")
+        finally:
+            gc.enable()
         optimizer = torch.optim.Adam(model.parameters())
         model(torch.ones(8, 4096)).sum().backward()
         optimizer.step()

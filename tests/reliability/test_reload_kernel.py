@@ -16,9 +16,14 @@ pytestmark = pytest.mark.kernel
 
 RELOADS = 100
 
-# What gpumem has put into the kernel, counted from the kernel's own registries (JSON on one line).
+# What gpumem has put into the kernel, counted from the kernel's own registries (JSON on one line). A shown
+# panel walks the holders on a short-lived worker after each cell: the probe first waits for such workers to
+# end (on a loaded machine a walk may outlast the cell), so a worker that never ends is still counted.
 _PROBE = """
 import json as _j, sys as _s, threading as _t
+for _th in _t.enumerate():
+    if _th.name in ("gpumem-holders-walk", "gpumem-reclaim", "gpumem-free"):
+        _th.join(30)
 def _gpumem_owned(obj):
     target = getattr(obj, "__self__", obj)
     return type(target).__module__.startswith("gpumem") or getattr(obj, "__module__", "").startswith("gpumem")
@@ -36,7 +41,7 @@ print(_j.dumps({
     "panels": len(_w.open_panels()) if _w is not None else 0,
     "comm_target": "gpumem.status" in _sh.kernel.comm_manager.targets,
 }))
-del _j, _s, _t, _sh, _w, _gpumem_owned
+del _j, _s, _t, _th, _sh, _w, _gpumem_owned
 """
 
 

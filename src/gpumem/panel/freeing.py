@@ -69,9 +69,13 @@ def free_message(outcome: FreeOutcome) -> tuple[str, bool]:
 
 
 class FreeWorker:
-    """At most one Free thread at a time; remembers the last outcome."""
+    """At most one worker thread at a time (Free's, or the holders view's walk or action); remembers the last outcome.
 
-    def __init__(self) -> None:
+    ``name`` names its threads, so that a thread list says which worker runs.
+    """
+
+    def __init__(self, name: str = "gpumem-free") -> None:
+        self._name = name
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.last: FreeOutcome | None = None
@@ -91,7 +95,7 @@ class FreeWorker:
             if self._thread is not None and self._thread.is_alive():
                 return self._thread, False
             announce()  # before the thread starts, so that its outcome always comes after the announcement
-            thread = threading.Thread(target=work, args=(deep,), name="gpumem-free", daemon=True)
+            thread = threading.Thread(target=work, args=(deep,), name=self._name, daemon=True)
             self._thread = thread
             thread.start()
             return thread, True

@@ -299,8 +299,8 @@ class HoldersControl:
         self.held = ShellReferences(shell) if shell is not None else None
         self._source = source  # the monitor's source, read when used
         self._post = post
-        self._walker = FreeWorker()
-        self._actions = FreeWorker()
+        self._walker = FreeWorker("gpumem-holders-walk")
+        self._actions = FreeWorker("gpumem-reclaim")
         self._cells_seen: object = None  # the execution count last walked after (None: walk once the cell ends)
         pane = self.pane
         pane.refresh_button.on_click(lambda _b: self.refresh())
