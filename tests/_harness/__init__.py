@@ -10,6 +10,7 @@
 ``lab_page``    driving a notebook page: open it, run cells, wait for outputs, count its websocket bytes
 ``traffic``     :class:`CommRecorder`: every comm message widgets send, sized as the kernel puts it on the wire
 ``synthetic_trace``  a training loop's allocation history as ``torch.cuda.memory._snapshot()`` writes it
+``host_pages``  fresh anonymous pages that surely grow the process's RSS (``fresh_pages``)
 
 The last two are imported by module (``from _harness.traffic import CommRecorder``), also by benchmarks/.
 
@@ -42,6 +43,7 @@ from _harness.chromium import (
 )
 from _harness.config import KERNEL_TIMEOUT, OUTPUT_TIMEOUT, REPO_ROOT, SERVER_START_TIMEOUT, SRC_DIR
 from _harness.gpu import check_gpu_item, cuda_status, gpu_required
+from _harness.host_pages import fresh_pages
 from _harness.lab_page import (
     NOTEBOOK,
     KernelFrames,
@@ -90,6 +92,7 @@ __all__ = [
     "console_messages",
     "cpu_holders",
     "cuda_status",
+    "fresh_pages",
     "gpu_required",
     "gpumem_loaded",
     "kernel_status",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import gc
 import json
-import mmap
 
 import pytest
 
 import gpumem
+from _harness import fresh_pages
 from gpumem.core.cells.record import CellRecord
 from gpumem.core.cells.report import CellReport, record_to_dict
 from gpumem.core.monitoring.monitor import Monitor, default_monitor, set_default_monitor
@@ -190,15 +190,6 @@ class _HostOfThisProcess(FakeSource):
         return super().snapshot(process_memory=process_memory)._replace(host=self.host_reader.read())
 
 
-def _new_pages(size: int) -> mmap.mmap:
-    """``size`` bytes of fresh anonymous pages, each written: resident whatever the C allocator kept from
-    earlier tests (a tensor's memory may come from a heap such tests left behind)."""
-    pages = mmap.mmap(-1, size)
-    for offset in range(0, size, mmap.PAGESIZE):
-        pages[offset] = 1
-    return pages
-
-
 def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None:
     gc.collect()  # earlier tests' garbage, which a collection inside a block would free and take from its RSS
     source = _HostOfThisProcess()
@@ -209,7 +200,7 @@ def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None
             with block:
                 grown = source.allocate(256 * MIB)
                 source.transient(GIB)
-                pages = _new_pages(64 * MIB)
+                pages = fresh_pages(64 * MIB)
             records.append(block.record)
             source.free(grown)
             source.empty_cache()  # both start from the same device figures

@@ -50,7 +50,8 @@ def _gpumem_threads() -> list[str]:
 def _clean_panels() -> Iterator[None]:
     yield
     close_all()
-    assert not [name for name in _gpumem_threads() if name in ("gpumem-panel-writer", "gpumem-free")]
+    workers = ("gpumem-panel-writer", "gpumem-free", "gpumem-holders-walk", "gpumem-reclaim")
+    assert not [name for name in _gpumem_threads() if name in workers]
 
 
 @pytest.fixture
