@@ -5,7 +5,7 @@ device is available). The figures are net: bytes allocated minus bytes freed ins
 operator that frees more than it allocates shows a negative figure; "self" counts the operator
 alone, "total" adds the operators it called; the rows are those of ``key_averages(
 group_by_input_shape=True)``. Two recorders give them: by default PyTorch's CPU-side recorder
-(``profile_records``: no Kineto trace to build when it stops, read in one pass per thread), else
+(``profile_records``: no Kineto trace to build when it stops, read a field at a time over arrays), else
 ``torch.profiler.profile(profile_memory=True, record_shapes=True)``, whose results are read
 straight (``profile_events``) in about an eighth of ``key_averages``' time. Neither caps the
 calls it keeps, so the cost is measured (the time to stop and to read back, and the change of this
@@ -206,6 +206,7 @@ class CellProfiler:
         self.recorder = recorder
         self._rss = rss or _current_rss
         self._profiler: Any = None
+        self._by_records = False  # the profiler running is PyTorch's CPU-side recorder (else Kineto's)
         self._cuda = False
         self._rss_before: int | None = None
 
@@ -222,18 +223,8 @@ class CellProfiler:
             return "; ".join(status_text(fault) for fault in faults.values())
         self._cuda = _cuda_available(torch)
         self._rss_before = self._rss()
-        # The records reader needs numpy: imported when a cell is profiled, never by loading the extension.
-        from gpumem.core.diagnoses import profile_records
-
-        if self.recorder == "records" and profile_records.available(torch):
-            records = profile_records.RecordsProfiler(torch)
-            try:
-                records.start()
-            except Exception:  # noqa: S110 - a torch whose recorder takes other arguments: Kineto's instead
-                pass
-            else:
-                self._profiler = records
-                return None
+        if self.recorder == "records" and self._start_records(torch):
+            return None
         activities = [profiler.ProfilerActivity.CPU]
         if self._cuda:
             activities.append(profiler.ProfilerActivity.CUDA)
@@ -241,20 +232,33 @@ class CellProfiler:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "CUDA is not available" and similar notes from the profiler
             recorder.__enter__()
-        self._profiler = recorder
+        self._profiler, self._by_records = recorder, False
         return None
+
+    def _start_records(self, torch: Any) -> bool:
+        """Start PyTorch's CPU-side recorder; False where this torch lacks it or it will not start."""
+        # The records reader needs numpy: imported when a cell is profiled with it, never by loading the extension.
+        from gpumem.core.diagnoses import profile_records
+
+        if not profile_records.available(torch):
+            return False
+        records = profile_records.RecordsProfiler(torch)
+        try:
+            records.start()
+        except Exception:  # a torch whose recorder takes other arguments: Kineto's instead
+            return False
+        self._profiler, self._by_records = records, True
+        return True
 
     def stop(self, cell: int | None = None) -> ProfileReport | None:
         """Stop profiling and group its events; None when nothing was started."""
         recorder, self._profiler = self._profiler, None
         if recorder is None:
             return None
-        from gpumem.core.diagnoses.profile_records import RecordsProfiler
-
         began = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if isinstance(recorder, RecordsProfiler):
+            if self._by_records:
                 records = recorder.stop()
                 stopped = time.perf_counter()
                 rows, calls = _read_records(records)
@@ -271,9 +275,7 @@ class CellProfiler:
         recorder, self._profiler = self._profiler, None
         if recorder is None:
             return
-        from gpumem.core.diagnoses.profile_records import RecordsProfiler
-
-        if isinstance(recorder, RecordsProfiler):
+        if self._by_records:
             recorder.stop()
         else:
             with warnings.catch_warnings():

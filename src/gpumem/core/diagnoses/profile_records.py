@@ -70,7 +70,7 @@ def available(torch: Any) -> bool:
 
 
 class RecordsProfiler:
-    """Start before the cell, ``stop()`` after it: the table, or None where the records were unreadable."""
+    """Start before the cell, ``stop()`` after it: the records, a list per thread (:func:`read_records` reads them)."""
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
@@ -231,9 +231,7 @@ def _sync(records: Sequence[Any], nesting: _Nesting, ended: _Flags, totals: tupl
     children = np.flatnonzero(ended & (parents != _NO_PARENT))
     alone = np.zeros(len(ended), np.bool_)
     for total in totals:
-        below = np.zeros(len(ended), np.int64)
-        np.add.at(below, parents[children], total[children])
-        alone |= total != below
+        alone |= total != _sums(parents[children], total[children], len(ended))
     calls = np.flatnonzero(ended & (alone | _merge_zone(nesting, len(records))))
     _read_sync(records, nesting, calls, sync)
     if not sync[calls].all():
@@ -415,11 +413,12 @@ def _table(threads: list[_Thread], names: _Names) -> OperatorTable:
     calls = _Calls.join(threads)
     below_host, below_device, merged = _below(calls)
     strays = [_joined([one.strays[side] for one in threads], np.int64) for side in (0, 1)]
-    rows = _rows(calls, below_host, below_device, calls.ended & ~merged, list(names.shown))
+    kept = calls.ended & ~merged
+    rows = _rows(calls, below_host, below_device, kept, list(names.shown))
     if len(strays[0]):
         host, device = int(strays[0].sum()), int(strays[1].sum())
         rows.append(OperatorMemory(MEMORY_EVENT, "", len(strays[0]), host, host, device, device))
-    return OperatorTable(sort_rows(rows), int(calls.ended.sum()) - int(merged.sum()) + len(strays[0]))
+    return OperatorTable(sort_rows(rows), int(kept.sum()) + len(strays[0]))
 
 
 def _below(calls: _Calls) -> tuple[_Ints, _Ints, _Flags]:
@@ -429,9 +428,7 @@ def _below(calls: _Calls) -> tuple[_Ints, _Ints, _Flags]:
     innermost's children add up to."""
     children = np.flatnonzero(calls.ended & (calls.parents != _NO_PARENT))
     parent = calls.parents[children]
-    below = [np.zeros(len(calls.ended), np.int64) for _ in range(2)]
-    np.add.at(below[0], parent, calls.host[children])
-    np.add.at(below[1], parent, calls.device[children])
+    below = [_sums(parent, values[children], len(calls.ended)) for values in (calls.host, calls.device)]
     only = np.bincount(parent, minlength=len(calls.ended))[parent] == 1
     merging = children[only & (calls.names[children] == calls.names[parent])]
     merged = np.zeros(len(calls.ended), np.bool_)
