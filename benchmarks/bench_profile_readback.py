@@ -60,7 +60,7 @@ def baseline(rev: str, path: Path | None) -> ModuleType:
     return module
 
 
-def record(steps: int, device: str) -> list[Any]:
+def record(steps: int, device: str) -> Any:
     """The records of one ``--profile``d run of the training loop (warmed up first, outside the recording)."""
     step, sync = make_step(device)
     for _ in range(3):
@@ -74,7 +74,7 @@ def record(steps: int, device: str) -> list[Any]:
         sync()
     finally:
         records = recorder.stop()
-    return records  # type: ignore[no-any-return]
+    return records
 
 
 def _moving(rows: list[Any]) -> list[Any]:
@@ -152,8 +152,9 @@ def main() -> None:
                    "records": records, "clock": args.clock, "baseline": args.baseline_rev, "median_s": median,
                    "paired": result}  # fmt: skip
         (args.out / "bench_profile_readback.json").write_text(json.dumps(summary, indent=1))
+        table = "\n".join([*_paired.MARKDOWN_HEADER, _paired.markdown_row("records read-back, this tree / A", result)])
         (args.out / "bench_profile_readback.md").write_text(
-            f"## bench_profile_readback ({torch.__version__})\n\n{line}\n"
+            f"## bench_profile_readback ({torch.__version__})\n\n{line}\n\n{table}\n"
         )
 
 
