@@ -56,10 +56,17 @@ def environment() -> list[str]:
     except ImportError as error:
         return [*lines, f"torch: not importable ({error})"]
     lines.append(f"torch: {torch.__version__} (CUDA {torch.version.cuda}, available: {torch.cuda.is_available()})")
-    if torch.cuda.is_available():
-        # Only this process's view: the notebook's kernel is a separate process with its own context.
-        lines.append(f"cuda:0: {torch.cuda.get_device_name(0)}")
     return lines
+
+
+def device_name() -> list[str]:
+    """cuda:0's name, asked only after the notebook ran: asking creates a CUDA context in this process,
+    which the recorded session would otherwise show as another process holding device memory."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    return [f"cuda:0: {torch.cuda.get_device_name(0)}"] if torch.cuda.is_available() else []
 
 
 def execute(notebook: Path, export: Path, cell_timeout: int, executed: Path) -> str | None:
@@ -122,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         require_cuda = any("available: True" in line for line in lines)
     started = time.monotonic()
     failure = execute(args.notebook, export, args.cell_timeout, out / "gpu_session.executed.ipynb")
+    lines.extend(device_name())
     lines.append(f"notebook ran in {time.monotonic() - started:.1f} s" + (": FAILED" if failure else ""))
     problems = [f"a cell failed:\n{failure}"] if failure else []
     if export.exists():
