@@ -222,6 +222,7 @@ class FakeSource:
         total_bytes: int = 80 * GIB,
         context_bytes: int = 500 * MIB,
         other_processes_bytes: int = 0,
+        driver_bytes: int = 0,
         host_rss_bytes: int = 1 * GIB,
         host_total_bytes: int = 64 * GIB,
         cuda_initialized: bool = True,
@@ -232,10 +233,13 @@ class FakeSource:
         self._devices = [_FakeDevice(total_bytes) for _ in range(devices)]
         if segments:
             for index, dev in enumerate(self._devices):
-                dev.segments = SegmentAllocator(total_bytes - context_bytes - other_processes_bytes, index)
+                dev.segments = SegmentAllocator(
+                    total_bytes - context_bytes - other_processes_bytes - driver_bytes, index
+                )
         self._ids = itertools.count(1)
         self.context_bytes = context_bytes
         self.other_processes_bytes = other_processes_bytes
+        self.driver_bytes = driver_bytes  # what NVML's v2 figure says the driver keeps (counted in used)
         self.host_rss_bytes = host_rss_bytes
         self.host_peak_rss_bytes = host_rss_bytes
         self.host_total_bytes = host_total_bytes
@@ -256,7 +260,10 @@ class FakeSource:
                     dev.allocated = dev.segments.allocated_bytes
                     dev.reserved = dev.segments.reserved_bytes
             else:
-                if dev.allocated + nbytes > dev.total_bytes - self.context_bytes - self.other_processes_bytes:
+                if (
+                    dev.allocated + nbytes
+                    > dev.total_bytes - self.context_bytes - self.other_processes_bytes - self.driver_bytes
+                ):
                     dev.num_ooms += 1
                     raise MemoryError(f"fake CUDA out of memory on device {device}")
                 dev.blocks[handle] = nbytes
@@ -315,7 +322,7 @@ class FakeSource:
                         )
                     )
                 if self.nvml:
-                    used = own + self.other_processes_bytes
+                    used = own + self.other_processes_bytes + self.driver_bytes
                     devices.append(
                         DeviceReading(
                             device=index,
@@ -323,6 +330,7 @@ class FakeSource:
                             used_bytes=used,
                             free_bytes=dev.total_bytes - used,
                             process_used_bytes=own if process_memory else None,
+                            driver_reserved_bytes=self.driver_bytes if process_memory else None,
                         )
                     )
             host = HostReading(

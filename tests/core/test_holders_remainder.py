@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpumem.core.diagnoses.device_split import DeviceSplit, device_split, device_split_text  # noqa: E402
+from gpumem.core.diagnoses.device_split import DeviceSplit, device_split, device_split_text, split_of  # noqa: E402
 from gpumem.core.holders import HolderReport, find_holders, render_html, render_text  # noqa: E402
 from gpumem.core.holders.kinds import kind_totals  # noqa: E402
 from gpumem.core.holders.model import (  # noqa: E402
@@ -32,6 +32,7 @@ from gpumem.testing import FakeSource  # noqa: E402
 
 KIB = 1 << 10
 MIB = 1 << 20
+GIB = 1 << 30
 H200 = {"cuda:0": WorkspaceSizes(32 * MIB, 1 * MIB, "default for sm 9.0")}
 
 
@@ -234,7 +235,7 @@ def test_fake_source_remainder_is_unexplained_and_the_device_split_is_in_the_foo
     assert report.remainder is not None and report.remainder.unexplained_bytes == 10 * MIB
     assert "unexplained 10.0 MiB" in report.unattributed
     assert report.device_splits == (
-        DeviceSplit(0, 10 * MIB + 500 * MIB + 64 * MIB, 10 * MIB, 500 * MIB, 64 * MIB, 510 * MIB),
+        DeviceSplit(0, 10 * MIB + 500 * MIB + 64 * MIB, 10 * MIB, 500 * MIB, 64 * MIB, 510 * MIB, 0),
     )
     text = render_text(report)
     assert (
@@ -254,9 +255,35 @@ def test_device_split_without_the_per_process_figure() -> None:
     assert split is not None and split.outside_torch_bytes is None
     assert device_split_text(split) == (
         "device used 304.0 MiB = PyTorch reserved 4.0 MiB + 300.0 MiB outside PyTorch "
-        "(CUDA contexts, libraries, other processes)"
+        "(CUDA contexts, libraries, other processes, the driver)"
     )
     assert device_split(FakeSource(nvml=False).snapshot(process_memory=True), 0) is None
+
+
+def test_device_split_names_the_drivers_reservation_apart_from_other_processes() -> None:
+    # NVML's "used" counts what the driver keeps for itself; a device with no other process on it must not
+    # show that as "other processes".
+    source = FakeSource(context_bytes=500 * MIB, driver_bytes=624 * MIB)
+    source.allocate(10 * MIB)
+    split = device_split(source.snapshot(process_memory=True), 0)
+    assert split == DeviceSplit(0, 10 * MIB + 500 * MIB + 624 * MIB, 10 * MIB, 500 * MIB, 0, 510 * MIB, 624 * MIB)
+    assert device_split_text(split).endswith(
+        "+ this process outside PyTorch 500.0 MiB (CUDA context, libraries) + driver and firmware 624.0 MiB"
+        " + other processes 0 B"
+    )
+    busy = FakeSource(context_bytes=500 * MIB, driver_bytes=624 * MIB, other_processes_bytes=3 * GIB)
+    shared = device_split(busy.snapshot(process_memory=True), 0)
+    assert shared is not None and (shared.driver_bytes, shared.other_bytes) == (624 * MIB, 3 * GIB)
+    assert shared.used_bytes == shared.reserved_bytes + 500 * MIB + 624 * MIB + 3 * GIB
+
+
+def test_device_split_where_the_driver_does_not_say_labels_the_rest_as_both() -> None:
+    split = split_of(0, used=2 * GIB, reserved=GIB, process=GIB + 500 * MIB, driver=None)
+    assert (split.driver_bytes, split.other_bytes) == (None, 524 * MIB)
+    assert device_split_text(split).endswith("+ other processes (and the driver) 524.0 MiB")
+    # A driver figure larger than what is left (read a moment apart) never makes another part negative.
+    late = split_of(0, used=2 * GIB, reserved=GIB, process=GIB + 500 * MIB, driver=600 * MIB)
+    assert (late.driver_bytes, late.other_bytes) == (524 * MIB, 0)
 
 
 # -- the cell report's device line, and free --workspaces ---------------------------------------------

@@ -170,9 +170,11 @@ def test_a_measured_block_and_a_tracked_scope_are_one_kind_of_stretch(fake: Fake
         fake.transient(3 * GIB)
     measured, tracked = changes
     assert type(measured) is type(tracked)
-    # The same figures, by the same code; only a measured block asks NVML for this process's share too.
+    # The same figures, by the same code; only a measured block asks NVML for this process's share (and
+    # the driver's) too.
     assert measured.process_used_after_bytes is not None and tracked.process_used_after_bytes is None
-    assert measured._replace(process_used_after_bytes=None) == tracked
+    assert measured.driver_reserved_after_bytes is not None and tracked.driver_reserved_after_bytes is None
+    assert measured._replace(process_used_after_bytes=None, driver_reserved_after_bytes=None) == tracked
     assert measured.peak_exact and measured.peak_above_start_bytes == 2 * GIB + 256 * MIB
     assert tracked.allocated_bytes == tracked.allocated_after_bytes == GIB + 256 * MIB  # a scope's "now"
     monitor.stop()
@@ -214,7 +216,9 @@ def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None
     assert (measured.kind, tracked.kind, tracked.path) == ("cell", "scope", ("block",))
     # The same device figures; only a measured block also asks NVML for this process's share (its full report
     # splits "device used" with it).
-    assert [change._replace(process_used_after_bytes=None) for change in measured.devices] == list(tracked.devices)
+    assert [
+        change._replace(process_used_after_bytes=None, driver_reserved_after_bytes=None) for change in measured.devices
+    ] == list(tracked.devices)
     assert tracked.devices[0].peak_exact and tracked.devices[0].peak_above_start_bytes == GIB + 256 * MIB
     for record in records:
         assert record.host is not None and record.host.rss_delta_bytes >= 48 * MIB, record.host

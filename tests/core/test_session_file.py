@@ -51,7 +51,8 @@ def _record(serial: int, *, quiet: bool = False) -> CellRecord:
         used_after_bytes=1 << 33,
         total_bytes=80 << 30,
         initialized_in_cell=serial == 1,
-        process_used_after_bytes=None,
+        process_used_after_bytes=None if serial % 2 else 3 << 30,
+        driver_reserved_after_bytes=None if serial % 2 else 624 * M,
     )
     return CellRecord(
         serial=serial,

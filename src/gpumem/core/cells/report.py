@@ -139,7 +139,11 @@ def _split_lines(change: DeviceChange) -> list[str]:
     if change.used_after_bytes is None or change.process_used_after_bytes is None:
         return []
     split = split_of(
-        change.device, change.used_after_bytes, change.reserved_after_bytes, change.process_used_after_bytes
+        change.device,
+        change.used_after_bytes,
+        change.reserved_after_bytes,
+        change.process_used_after_bytes,
+        change.driver_reserved_after_bytes,
     )
     return [f"  {'':<8}              {device_split_text(split)}"]
 

@@ -62,6 +62,7 @@ class DeviceChange(NamedTuple):
     total_bytes: int | None
     initialized_in_cell: bool  # CUDA was first used on this device inside the stretch
     process_used_after_bytes: int | None = None  # NVML: this process's share of the device at the end
+    driver_reserved_after_bytes: int | None = None  # NVML: the driver's own reservation, at the end
 
     @property
     def allocated_bytes(self) -> int:
@@ -362,6 +363,7 @@ class Stretch:
             total_bytes=used_after.total_bytes if used_after is not None else None,
             initialized_in_cell=before is None,
             process_used_after_bytes=used_after.process_used_bytes if used_after is not None else None,
+            driver_reserved_after_bytes=used_after.driver_reserved_bytes if used_after is not None else None,
         )
 
     def host_change(self, end: Snapshot) -> HostChange | None:

@@ -212,14 +212,17 @@ class NvmlSource:
         if info is None:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
         own: int | None = None
+        driver: int | None = None
         if process_memory:
             own = self._process_used(handle)
+            driver = self._driver_reserved(handle)
         return DeviceReading(
             device=device,
             total_bytes=int(info.total),
             used_bytes=int(info.used),
             free_bytes=int(info.free),
             process_used_bytes=own,
+            driver_reserved_bytes=driver,
         )
 
     @property
@@ -241,6 +244,17 @@ class NvmlSource:
                 used = process.usedGpuMemory
                 return int(used) if used is not None else None
         return 0
+
+    def _driver_reserved(self, handle: Any) -> int | None:
+        """The driver's own reservation: NVML's v1 "used" counts it, its v2 figure names it apart."""
+        nvml = self._nvml
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if nvml is None or version is None:
+            return None
+        try:
+            return int(nvml.nvmlDeviceGetMemoryInfo(handle, version=version).reserved)
+        except Exception:  # a driver or binding without the v2 figure
+            return None
 
     def process_on_device(self, device: int) -> bool | None:
         """Whether this process holds a context on the device (None when NVML cannot tell)."""

@@ -34,6 +34,9 @@ class DeviceReading(NamedTuple):
     used_bytes: int
     free_bytes: int
     process_used_bytes: int | None  # this process's own share; None when not asked for or unknown
+    # What the driver keeps for itself, which NVML's "used" counts and no process holds (NVML's v2 memory
+    # figure, read beside the per-process one); None when not asked for or this driver does not say.
+    driver_reserved_bytes: int | None = None
 
 
 class HostReading(NamedTuple):
