@@ -145,6 +145,39 @@ def test_this_process_share_is_found_by_pid(nvml, monkeypatch):
     assert source.process_on_device(0) is True and source.process_on_device(1) is False
 
 
+class _MemoryV2(NamedTuple):
+    total: int
+    reserved: int
+    free: int
+    used: int
+
+
+def test_the_drivers_reservation_is_read_beside_this_process_share(nvml, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert NvmlSource().read(0, process_memory=True).driver_reserved_bytes is None  # type: ignore[union-attr]
+
+    v1 = nvml.nvmlDeviceGetMemoryInfo
+    asked: list[object] = []
+
+    def memory_info(handle: dict[str, Any], version: object = None) -> Any:
+        asked.append(version)
+        if version is None:
+            return v1(handle)
+        if handle["name"] == b"GPU B":
+            raise RuntimeError("NVML_ERROR_FUNCTION_NOT_FOUND")  # a driver without the v2 figure
+        reserved = 624 << 20
+        return _MemoryV2(handle["total"], reserved, handle["total"] - handle["used"], handle["used"] - reserved)
+
+    nvml.nvmlMemory_v2 = 0x2000028
+    nvml.nvmlDeviceGetMemoryInfo = memory_info
+    source = NvmlSource()
+    assert source.read(0).driver_reserved_bytes is None  # type: ignore[union-attr]
+    assert asked and set(asked) == {None}  # a sample never asks for it: only a read of the per-process split does
+    reading = source.read(0, process_memory=True)
+    assert reading is not None and reading.driver_reserved_bytes == 624 << 20 and reading.used_bytes == 1 * GIB
+    assert source.read(1, process_memory=True).driver_reserved_bytes is None  # type: ignore[union-attr]
+
+
 def test_system_snapshot_reports_every_visible_device(nvml, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     monkeypatch.delitem(sys.modules, "torch", raising=False)
