@@ -356,6 +356,8 @@ def test_device_used_split_reconciles_with_nvml() -> None:
     assert split.used_bytes == split.reserved_bytes + split.outside_torch_bytes + driver + split.other_bytes  # type: ignore[operator]
     assert split.outside_torch_bytes is not None and 100 * MIB <= split.outside_torch_bytes <= 4 * GIB  # a CUDA context
     del keep
+
+
 def test_a_module_attribute_cache_is_named_with_its_exact_size(cuda_ip: Any) -> None:
     from gpumem.core.holders import OTHER, PARAMETERS, find_holders
 

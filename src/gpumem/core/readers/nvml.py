@@ -248,8 +248,9 @@ class NvmlSource:
     def _driver_reserved(self, handle: Any) -> int | None:
         """The driver's own reservation: NVML's v1 "used" counts it, its v2 figure names it apart."""
         nvml = self._nvml
+        assert nvml is not None
         version = getattr(nvml, "nvmlMemory_v2", None)
-        if nvml is None or version is None:
+        if version is None:  # a binding older than the v2 figure
             return None
         try:
             return int(nvml.nvmlDeviceGetMemoryInfo(handle, version=version).reserved)
