@@ -331,6 +331,7 @@ class FakeSource:
                             free_bytes=dev.total_bytes - used,
                             process_used_bytes=own if process_memory else None,
                             driver_reserved_bytes=self.driver_bytes if process_memory else None,
+                            others_used_bytes=self.other_processes_bytes if process_memory else None,
                         )
                     )
             host = HostReading(

@@ -45,6 +45,7 @@ def _fake_nvml(devices: list[dict[str, Any]]) -> types.ModuleType:
     module.nvmlDeviceGetMemoryInfo = lambda h: _Memory(h["total"], h["used"], h["total"] - h["used"])  # type: ignore[attr-defined]
     module.nvmlDeviceGetMigMode = lambda h: (h.get("mig", 0), 0)  # type: ignore[attr-defined]
     module.nvmlDeviceGetComputeRunningProcesses = lambda h: h.get("processes", [])  # type: ignore[attr-defined]
+    module.nvmlDeviceGetGraphicsRunningProcesses = lambda h: h.get("graphics", [])  # type: ignore[attr-defined]
     return module
 
 
@@ -143,6 +144,30 @@ def test_this_process_share_is_found_by_pid(nvml, monkeypatch):
     assert source.read(0, process_memory=True).process_used_bytes == 3 * GIB  # type: ignore[union-attr]
     assert source.read(1, process_memory=True).process_used_bytes == 0  # type: ignore[union-attr]
     assert source.process_on_device(0) is True and source.process_on_device(1) is False
+
+
+def test_the_other_processes_are_what_nvml_lists_for_them(nvml, monkeypatch):
+    import os
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    handle["processes"] = [_Process(os.getpid(), 3 * GIB), _Process(1, 5 * GIB)]
+    handle["graphics"] = [_Process(1, 5 * GIB), _Process(2, GIB)]  # pid 1 has both contexts: counted once
+    source = NvmlSource()
+    reading = source.read(0, process_memory=True)
+    assert reading is not None and (reading.process_used_bytes, reading.others_used_bytes) == (3 * GIB, 6 * GIB)
+    assert source.read(0).others_used_bytes is None  # type: ignore[union-attr]  # a sample never lists them
+    assert source.read(1, process_memory=True).others_used_bytes == 0  # type: ignore[union-attr]
+
+    handle["graphics"] = [_Process(2, None)]  # NVML has no figure for it (pynvml's None): the sum is unknown
+    assert source.read(0, process_memory=True).others_used_bytes is None  # type: ignore[union-attr]
+
+    def unlisted(_handle: object) -> list[_Process]:
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    nvml.nvmlDeviceGetGraphicsRunningProcesses = unlisted  # one list unknown: so is the sum, not this process's
+    reading = source.read(0, process_memory=True)
+    assert reading is not None and (reading.process_used_bytes, reading.others_used_bytes) == (3 * GIB, None)
 
 
 class _MemoryV2(NamedTuple):

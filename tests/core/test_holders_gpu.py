@@ -353,7 +353,14 @@ def test_device_used_split_reconciles_with_nvml() -> None:
         pytest.skip(f"NVML reports no per-process figure here (pid {os.getpid()})")
     assert split.reserved_bytes >= 256 * MIB
     driver = split.driver_bytes or 0  # NVML's v2 figure: the driver's own reservation, counted in "used"
-    assert split.used_bytes == split.reserved_bytes + split.outside_torch_bytes + driver + split.other_bytes  # type: ignore[operator]
+    unlisted = split.unlisted_bytes or 0  # what no process NVML lists holds
+    parts = split.reserved_bytes + split.outside_torch_bytes + driver + split.other_bytes + unlisted  # type: ignore[operator]
+    assert split.used_bytes == parts
+    reading = snapshot.device_for(0)
+    assert reading is not None
+    if reading.others_used_bytes is not None and split.driver_bytes is not None:
+        # "Other processes" is what NVML lists for them, never more (0 where this process is alone).
+        assert split.other_bytes == min(reading.others_used_bytes, split.used_bytes - split.process_bytes - driver)
     assert split.outside_torch_bytes is not None and 100 * MIB <= split.outside_torch_bytes <= 4 * GIB  # a CUDA context
     del keep
 

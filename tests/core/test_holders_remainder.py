@@ -235,7 +235,7 @@ def test_fake_source_remainder_is_unexplained_and_the_device_split_is_in_the_foo
     assert report.remainder is not None and report.remainder.unexplained_bytes == 10 * MIB
     assert "unexplained 10.0 MiB" in report.unattributed
     assert report.device_splits == (
-        DeviceSplit(0, 10 * MIB + 500 * MIB + 64 * MIB, 10 * MIB, 500 * MIB, 64 * MIB, 510 * MIB, 0),
+        DeviceSplit(0, 10 * MIB + 500 * MIB + 64 * MIB, 10 * MIB, 500 * MIB, 64 * MIB, 510 * MIB, 0, 0),
     )
     text = render_text(report)
     assert (
@@ -266,7 +266,7 @@ def test_device_split_names_the_drivers_reservation_apart_from_other_processes()
     source = FakeSource(context_bytes=500 * MIB, driver_bytes=624 * MIB)
     source.allocate(10 * MIB)
     split = device_split(source.snapshot(process_memory=True), 0)
-    assert split == DeviceSplit(0, 10 * MIB + 500 * MIB + 624 * MIB, 10 * MIB, 500 * MIB, 0, 510 * MIB, 624 * MIB)
+    assert split == DeviceSplit(0, 10 * MIB + 500 * MIB + 624 * MIB, 10 * MIB, 500 * MIB, 0, 510 * MIB, 624 * MIB, 0)
     assert device_split_text(split).endswith(
         "+ this process outside PyTorch 500.0 MiB (CUDA context, libraries) + driver and firmware 624.0 MiB"
         " + other processes 0 B"
@@ -284,6 +284,33 @@ def test_device_split_where_the_driver_does_not_say_labels_the_rest_as_both() ->
     # A driver figure larger than what is left (read a moment apart) never makes another part negative.
     late = split_of(0, used=2 * GIB, reserved=GIB, process=GIB + 500 * MIB, driver=600 * MIB)
     assert (late.driver_bytes, late.other_bytes) == (524 * MIB, 0)
+    # Without the driver's figure the listed processes are not told apart from it either.
+    listed = split_of(0, used=2 * GIB, reserved=GIB, process=GIB + 500 * MIB, driver=None, others=100 * MIB)
+    assert (listed.other_bytes, listed.unlisted_bytes) == (524 * MIB, None)
+
+
+def test_device_split_names_what_no_listed_process_holds() -> None:
+    # An H200 with only this process on it (2026-12-04): used 1,465,778,176 B; NVML's figure for this process
+    # 811,597,824 B; the driver's 644,939,776 B; no other process listed. The 8.8 MiB left is no other process's.
+    split = split_of(0, 1_465_778_176, 256 * MIB, 811_597_824, driver=644_939_776, others=0)
+    assert (split.other_bytes, split.unlisted_bytes) == (0, 9_240_576)
+    assert device_split_text(split).endswith(
+        "+ driver and firmware 615.1 MiB + other processes 0 B + held by no process NVML lists 8.8 MiB"
+    )
+    parts = [
+        split.reserved_bytes,
+        split.outside_torch_bytes,
+        split.driver_bytes,
+        split.other_bytes,
+        split.unlisted_bytes,
+    ]
+    assert sum(parts) == split.used_bytes  # type: ignore[arg-type]
+    busy = split_of(0, 10 * GIB, GIB, 2 * GIB, driver=600 * MIB, others=3 * GIB)
+    assert (busy.other_bytes, busy.unlisted_bytes) == (3 * GIB, 10 * GIB - 2 * GIB - 600 * MIB - 3 * GIB)
+    # Listed processes read a moment after "used" and larger than what is left never make a part negative.
+    late = split_of(0, 4 * GIB, GIB, 2 * GIB, driver=GIB, others=3 * GIB)
+    assert (late.other_bytes, late.unlisted_bytes) == (GIB, 0)
+    assert device_split_text(late).endswith("+ driver and firmware 1.0 GiB + other processes 1.0 GiB")
 
 
 # -- the cell report's device line, and free --workspaces ---------------------------------------------

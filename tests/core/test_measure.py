@@ -20,6 +20,9 @@ from gpumem.core.scripts.script_recorder import metrics_of
 from gpumem.core.sessions.session_file import record_from_dict
 from gpumem.testing import GIB, MIB, FakeSource
 
+# The device figures only a measured stretch asks NVML for (its full report splits "device used" with them).
+NVML_SPLIT = dict.fromkeys(("process_used_after_bytes", "driver_reserved_after_bytes", "others_used_after_bytes"))
+
 
 @pytest.fixture
 def fake() -> FakeSource:
@@ -171,10 +174,11 @@ def test_a_measured_block_and_a_tracked_scope_are_one_kind_of_stretch(fake: Fake
     measured, tracked = changes
     assert type(measured) is type(tracked)
     # The same figures, by the same code; only a measured block asks NVML for this process's share (and
-    # the driver's) too.
+    # the driver's and the other processes') too.
     assert measured.process_used_after_bytes is not None and tracked.process_used_after_bytes is None
     assert measured.driver_reserved_after_bytes is not None and tracked.driver_reserved_after_bytes is None
-    assert measured._replace(process_used_after_bytes=None, driver_reserved_after_bytes=None) == tracked
+    assert measured.others_used_after_bytes is not None and tracked.others_used_after_bytes is None
+    assert measured._replace(**NVML_SPLIT) == tracked
     assert measured.peak_exact and measured.peak_above_start_bytes == 2 * GIB + 256 * MIB
     assert tracked.allocated_bytes == tracked.allocated_after_bytes == GIB + 256 * MIB  # a scope's "now"
     monitor.stop()
@@ -216,9 +220,7 @@ def test_a_measured_block_and_a_tracked_scope_leave_one_type_of_record() -> None
     assert (measured.kind, tracked.kind, tracked.path) == ("cell", "scope", ("block",))
     # The same device figures; only a measured block also asks NVML for this process's share (its full report
     # splits "device used" with it).
-    assert [
-        change._replace(process_used_after_bytes=None, driver_reserved_after_bytes=None) for change in measured.devices
-    ] == list(tracked.devices)
+    assert [change._replace(**NVML_SPLIT) for change in measured.devices] == list(tracked.devices)
     assert tracked.devices[0].peak_exact and tracked.devices[0].peak_above_start_bytes == GIB + 256 * MIB
     for record in records:
         assert record.host is not None and record.host.rss_delta_bytes >= 48 * MIB, record.host

@@ -53,6 +53,7 @@ def _record(serial: int, *, quiet: bool = False) -> CellRecord:
         initialized_in_cell=serial == 1,
         process_used_after_bytes=None if serial % 2 else 3 << 30,
         driver_reserved_after_bytes=None if serial % 2 else 624 * M,
+        others_used_after_bytes=None if serial % 2 else 0,
     )
     return CellRecord(
         serial=serial,

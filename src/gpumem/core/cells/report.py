@@ -144,6 +144,7 @@ def _split_lines(change: DeviceChange) -> list[str]:
         change.reserved_after_bytes,
         change.process_used_after_bytes,
         change.driver_reserved_after_bytes,
+        change.others_used_after_bytes,
     )
     return [f"  {'':<8}              {device_split_text(split)}"]
 

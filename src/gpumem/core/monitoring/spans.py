@@ -63,6 +63,7 @@ class DeviceChange(NamedTuple):
     initialized_in_cell: bool  # CUDA was first used on this device inside the stretch
     process_used_after_bytes: int | None = None  # NVML: this process's share of the device at the end
     driver_reserved_after_bytes: int | None = None  # NVML: the driver's own reservation, at the end
+    others_used_after_bytes: int | None = None  # NVML: the other processes it lists, summed, at the end
 
     @property
     def allocated_bytes(self) -> int:
@@ -364,6 +365,7 @@ class Stretch:
             initialized_in_cell=before is None,
             process_used_after_bytes=used_after.process_used_bytes if used_after is not None else None,
             driver_reserved_after_bytes=used_after.driver_reserved_bytes if used_after is not None else None,
+            others_used_after_bytes=used_after.others_used_bytes if used_after is not None else None,
         )
 
     def host_change(self, end: Snapshot) -> HostChange | None:

@@ -212,9 +212,10 @@ class NvmlSource:
         if info is None:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
         own: int | None = None
+        others: int | None = None
         driver: int | None = None
         if process_memory:
-            own = self._process_used(handle)
+            own, others = self._processes_used(handle)
             driver = self._driver_reserved(handle)
         return DeviceReading(
             device=device,
@@ -223,6 +224,7 @@ class NvmlSource:
             free_bytes=int(info.free),
             process_used_bytes=own,
             driver_reserved_bytes=driver,
+            others_used_bytes=others,
         )
 
     @property
@@ -231,19 +233,29 @@ class NvmlSource:
         self._ensure()
         return self._held is not None
 
-    def _process_used(self, handle: Any) -> int | None:
+    def _processes_used(self, handle: Any) -> tuple[int | None, int | None]:
+        """This process's figure (0 when NVML does not list it) and the other listed processes' together
+        (None where NVML has no figure for one of them), from NVML's compute and graphics lists."""
         nvml = self._nvml
         assert nvml is not None
         pid = os.getpid()
         try:
-            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            compute = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         except Exception:
-            return None
-        for process in processes:
-            if process.pid == pid:
-                used = process.usedGpuMemory
-                return int(used) if used is not None else None
-        return 0
+            return None, None
+        processes = {process.pid: process.usedGpuMemory for process in compute}
+        try:  # a process with a graphics context too is listed in both: counted once
+            graphics = nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+        except Exception:
+            graphics = None
+        for process in graphics or ():
+            processes.setdefault(process.pid, process.usedGpuMemory)
+        own = processes.pop(pid, 0)
+        others = list(processes.values())
+        return (
+            int(own) if own is not None else None,
+            None if graphics is None or None in others else sum(int(used) for used in others),
+        )
 
     def _driver_reserved(self, handle: Any) -> int | None:
         """The driver's own reservation: NVML's v1 "used" counts it, its v2 figure names it apart."""

@@ -37,6 +37,9 @@ class DeviceReading(NamedTuple):
     # What the driver keeps for itself, which NVML's "used" counts and no process holds (NVML's v2 memory
     # figure, read beside the per-process one); None when not asked for or this driver does not say.
     driver_reserved_bytes: int | None = None
+    # What NVML lists for the device's other processes, summed; None when not asked for, or when NVML
+    # could not list them or has no figure for one of them.
+    others_used_bytes: int | None = None
 
 
 class HostReading(NamedTuple):
