@@ -240,7 +240,8 @@ def _device_row_html(change: DeviceChange) -> str:
         f"<td>{_html_span(change.reserved_before_bytes, change.reserved_after_bytes)}</td>"
         f"{_peak_cell_html(change)}<td>{used}</td></tr>"
         + "".join(
-            f'<tr><td></td><td colspan="4" class="dim">{e(line.strip())}</td></tr>' for line in _split_lines(change)
+            f'<tr><td></td><td colspan="4" class="dim words">{e(line.strip())}</td></tr>'
+            for line in _split_lines(change)
         )
     )
 

@@ -214,7 +214,7 @@ def render_text(report: HolderReport, *, limit: int = 20) -> str:
 # ----------------------------------------------------------------------------------------------
 
 _LEFT = "style='text-align:left'"
-_RIGHT = "style='text-align:right'"
+_RIGHT = "style='text-align:right;white-space:nowrap'"  # a figure never breaks across lines
 _HTML_HEAD = (
     f"<table><thead><tr><th {_LEFT}>name</th><th {_LEFT}>type</th>"
     f"<th>device</th><th {_RIGHT}>bytes</th><th {_LEFT}>notes</th></tr>"
